@@ -1,0 +1,31 @@
+# Everything runs from a local virtual environment that these targets build on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench soak lint clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,s3,spark,zstd]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+soak: $(STAMP)
+	$(PY) -m tests.soak
+
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,155 @@
+"""The one interface every destination driver implements.
+
+A destination is one directory (an fsspec URL) holding flat, named files. The driver knows
+nothing of the log format: names and bytes are opaque to it. It raises built-in exceptions
+only (``FileNotFoundError``, ``FileExistsError``, ``OSError`` and the subclasses below), so
+that ``persistlog`` can translate them into its own errors at one seam.
+
+Two kinds of driver exist:
+
+* *appendable* drivers (the local filesystem) grow a file in place with :meth:`open_append`
+  and make it durable with ``fsync``;
+* *object-store* drivers (S3, memory, any fsspec filesystem without append) never modify a
+  file once written: every write is a whole, create-only object.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+
+class LockHeld(BlockingIOError):
+    """Another live writer holds the destination's writer lock (or lease).
+
+    ``holder`` describes that writer as it recorded itself (host, pid, writer id), or is
+    empty when the holder could not be read.
+    """
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+class AppendFile(abc.ABC):
+    """An open, append-only file of an appendable destination."""
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> None:
+        """Append ``data`` whole (no short writes are left unreported)."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Hand everything written so far to the operating system."""
+
+    @abc.abstractmethod
+    def sync(self) -> None:
+        """Make everything written so far durable (``fdatasync``); raises on failure.
+
+        A failed sync is never retried as if it succeeded: the caller must treat the file's
+        unsynced tail as lost.
+        """
+
+    @property
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Bytes in the file, including the unflushed ones written through this handle."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush and close; idempotent."""
+
+
+class WriterLock(abc.ABC):
+    """Proof that this process is the destination's only writer."""
+
+    @abc.abstractmethod
+    def renew(self) -> None:
+        """Extend a lease (no-op for lock files); raises ``LockHeld`` if it was lost."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Give the lock up; idempotent."""
+
+
+class Destination(abc.ABC):
+    """One directory of named files, local or remote.
+
+    Contract shared by every driver (checked by ``tests/destinations/conformance.py``):
+
+    * names are plain file names without ``/``; the driver maps them under its directory;
+    * :meth:`list` is never served from a cache: a file created by another process or
+      another instance is visible to the next call;
+    * :meth:`create` is create-only and durable when it returns (temp file + fsync + rename +
+      directory fsync locally, a single conditional PUT remotely);
+    * :meth:`replace` swaps a small file atomically: readers see the old or the new bytes;
+    * files are read back exactly as written.
+    """
+
+    #: True when files grow in place through :meth:`open_append`.
+    appendable: bool = False
+    #: Seconds between flushes a writer should use by default for this kind of storage.
+    default_flush_interval: float = 0.0
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    @abc.abstractmethod
+    def ensure(self) -> None:
+        """Create the directory (and bucket prefix) if missing; idempotent."""
+
+    @abc.abstractmethod
+    def exists(self) -> bool:
+        """Whether the directory exists at all."""
+
+    @abc.abstractmethod
+    def list(self, start_after: str | None = None) -> list[str]:
+        """Names in the directory in lexical order, only those ``> start_after`` if given.
+
+        Temporary files of in-flight writes are never listed. A missing directory lists as
+        empty. Remote drivers pass ``start_after`` to the store so that a poll costs one
+        request however many files the directory holds.
+        """
+
+    @abc.abstractmethod
+    def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes ``[offset, offset+length)`` (to the end if ``length`` is None).
+
+        Short at end of file. Raises ``FileNotFoundError`` if the file does not exist.
+        """
+
+    @abc.abstractmethod
+    def size(self, name: str) -> int:
+        """Current size in bytes; ``FileNotFoundError`` if missing."""
+
+    @abc.abstractmethod
+    def create(self, name: str, data: bytes) -> None:
+        """Write a new file whole and durably; ``FileExistsError`` if it already exists."""
+
+    @abc.abstractmethod
+    def replace(self, name: str, data: bytes) -> None:
+        """Atomically create or overwrite a small file, durably."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Remove a file; a missing file is not an error."""
+
+    def open_append(self, name: str) -> AppendFile:
+        """Open an existing file for appending (appendable drivers only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not append; write whole objects")
+
+    @abc.abstractmethod
+    def lock(self, owner: str, ttl: float = 30.0) -> WriterLock:
+        """Become the destination's only writer, or raise :class:`LockHeld`.
+
+        Locally an OS lock on a lock file that dies with the process; remotely a lease
+        object created create-only, renewed within ``ttl`` seconds and taken over only
+        once it has expired. ``owner`` is recorded for the error message others get.
+        """
+
+    def close(self) -> None:
+        """Release connections and handles; idempotent."""

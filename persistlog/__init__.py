@@ -1,0 +1,60 @@
+"""persistlog: a write-ahead persistence log for Python applications that keep their state
+in memory.
+
+::
+
+    state = {}
+    persistlog.restore(url, replay=apply)            # rebuild the state
+    log = persistlog.open(url, enumerate_all=dump)   # start a fresh, complete log
+    log.update({"op": "put", "key": k, "value": v})  # before each change is applied
+
+See README.md for the guarantees of each durability mode and docs/FORMAT.md for the bytes.
+"""
+
+from ._api import restore
+from ._codec import Codec
+from ._errors import (
+    CorruptLogError,
+    DestinationError,
+    EnumerateError,
+    LogClosedError,
+    LogFailedError,
+    LogNotFoundError,
+    PersistLogError,
+    ResetRequired,
+    WriterConflict,
+)
+from ._format import FORMAT_VERSION
+from ._log import Log, open
+from ._reader import TornTail
+from ._restore import RestoreResult
+from ._store import ResourceStore
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Codec",
+    "CorruptLogError",
+    "DestinationError",
+    "EnumerateError",
+    "Log",
+    "LogClosedError",
+    "LogFailedError",
+    "LogNotFoundError",
+    "PersistLogError",
+    "ResetRequired",
+    "ResourceStore",
+    "RestoreResult",
+    "TornTail",
+    "WriterConflict",
+    "open",
+    "restore",
+]
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and not isinstance(_obj, int):
+        try:
+            _obj.__module__ = "persistlog"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

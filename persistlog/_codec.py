@@ -1,0 +1,169 @@
+"""Records as CBOR: the app's objects in, plain values out, never an arbitrary class.
+
+CBOR's own types (dict, list, str, bytes, int, float, bool, None) and cbor2's semantic types
+(aware datetime, date, Decimal, Fraction, UUID, set, IP addresses, big integers) round-trip
+as they are. Other classes go through an explicit :class:`Codec` registration and are
+written as CBOR tag 27 ``[name, fields]`` (IANA "object with type name and constructor
+arguments"), so readers without the registration still see a neutral ``CBORTag``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import cbor2
+
+from ._format import MAX_CBOR_DEPTH
+
+OBJECT_TAG = 27
+
+T = TypeVar("T")
+
+
+def _neutral_tag(tag: int) -> Callable[[Any, bool], cbor2.CBORTag]:
+    def keep(value: Any, immutable: bool) -> cbor2.CBORTag:
+        return cbor2.CBORTag(tag, value)
+
+    return keep
+
+
+# cbor2 would compile regular expressions (tag 35) and parse MIME messages (tag 36) from
+# untrusted bytes; keep both as inert tags instead.
+_SAFE_SEMANTIC = {35: _neutral_tag(35), 36: _neutral_tag(36)}
+
+
+class Codec:
+    """Maps app classes to stable names so they can be logged and read back.
+
+    >>> codec = Codec()
+    >>> @codec.register("shop.Order")
+    ... @dataclasses.dataclass
+    ... class Order:
+    ...     id: int
+    ...     total: str
+
+    Unregistered objects make ``Log.update()`` raise ``TypeError`` before anything is
+    written. On reading, a tag-27 object whose name is not registered stays a
+    ``cbor2.CBORTag`` (``tag.value == [name, fields]``): decoding never constructs a class
+    the app did not register.
+    """
+
+    def __init__(self) -> None:
+        self._by_type: dict[type, tuple[str, Callable[[Any], Any]]] = {}
+        self._by_name: dict[str, Callable[[Any], Any]] = {}
+        self.encode: Callable[[Any], bytes] = cbor2.dumps
+
+    def register(
+        self,
+        name: str,
+        cls: type | None = None,
+        *,
+        encode: Callable[[Any], Any] | None = None,
+        decode: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Register ``cls`` under ``name``; usable as a class decorator.
+
+        Dataclasses need nothing else: their fields are written as a map and passed back
+        as keyword arguments. For other classes give ``encode(obj) -> value`` (any
+        loggable value) and ``decode(value) -> obj``.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError("Codec.register needs a non-empty name string first")
+        if cls is None:
+            return functools.partial(self._register_decorator, name, encode=encode, decode=decode)
+        self._register(name, cls, encode, decode)
+        return cls
+
+    def _register_decorator(
+        self,
+        name: str,
+        cls: type[T],
+        *,
+        encode: Callable[[Any], Any] | None,
+        decode: Callable[[Any], Any] | None,
+    ) -> type[T]:
+        self._register(name, cls, encode, decode)
+        return cls
+
+    def _register(
+        self,
+        name: str,
+        cls: type,
+        encode: Callable[[Any], Any] | None,
+        decode: Callable[[Any], Any] | None,
+    ) -> None:
+        if not isinstance(cls, type):
+            raise TypeError(f"Codec.register({name!r}, ...) needs a class, got {cls!r}")
+        if name in self._by_name:
+            raise ValueError(f"codec name {name!r} is already registered")
+        if encode is None or decode is None:
+            if not dataclasses.is_dataclass(cls):
+                raise TypeError(
+                    f"{cls.__qualname__} is not a dataclass: pass encode= and decode= to register it"
+                )
+            fields = [f.name for f in dataclasses.fields(cls)]
+            encode = encode or (lambda obj: {f: getattr(obj, f) for f in fields})
+            decode = decode or (lambda value: cls(**value))
+        self._by_type[cls] = (name, encode)
+        self._by_name[name] = decode
+        self.encode = functools.partial(cbor2.dumps, default=self._default)
+
+    @property
+    def names(self) -> Mapping[str, Callable[[Any], Any]]:
+        """Registered names (read-only view)."""
+        return dict(self._by_name)
+
+    def _default(self, encoder: cbor2.CBOREncoder, value: Any) -> None:
+        entry = self._by_type.get(type(value))
+        if entry is None:
+            raise TypeError(_unloggable(value))
+        name, enc = entry
+        encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, enc(value)]))
+
+    def _tag_hook(self, decoder: cbor2.CBORDecoder, tag: cbor2.CBORTag) -> Any:
+        if tag.tag == OBJECT_TAG and self._by_name:
+            value = tag.value
+            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+                decode = self._by_name.get(value[0])
+                if decode is not None:
+                    return decode(value[1])
+        return tag
+
+    def loads(self, data: bytes) -> Any:
+        """Decode one CBOR item (or an indefinite array of records) safely."""
+        return cbor2.loads(
+            data,
+            tag_hook=self._tag_hook,
+            semantic_decoders=_SAFE_SEMANTIC,
+            max_depth=MAX_CBOR_DEPTH,
+        )
+
+
+def _unloggable(value: Any) -> str:
+    return (
+        f"cannot log an object of type {type(value).__module__}.{type(value).__qualname__}: "
+        "register it with persistlog.Codec (records must be CBOR values)"
+    )
+
+
+def encode_error(exc: BaseException) -> TypeError:
+    """The TypeError ``update()`` raises for a record cbor2 refused."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, TypeError) else exc
+    return TypeError(
+        f"record not logged: {cause}; records must be CBOR values (dict, list, str, bytes, "
+        "int, float, bool, None, aware datetime, Decimal, UUID, set...) or classes "
+        "registered with persistlog.Codec"
+    )
+
+
+def plain_loads(data: bytes) -> Any:
+    """Decode control records and pointers: no tags are given meaning beyond cbor2's safe set."""
+    return cbor2.loads(
+        data,
+        tag_hook=lambda decoder, tag: tag,
+        semantic_decoders=_SAFE_SEMANTIC,
+        max_depth=MAX_CBOR_DEPTH,
+    )

@@ -1,0 +1,194 @@
+"""Bytes to batches: the one decoder that the writer, restore, follower, CLI and Spark reader
+share. Pure functions over buffers; where the bytes come from is ``_reader``'s job.
+
+A check that fails raises :class:`Damage` with the offset and a reason. Whether that damage
+is a crash artefact (a torn tail) or corruption depends on where it sits in the log, which
+only the reader knows; ``Damage.torn_shape`` says whether the bytes at least look like an
+interrupted write.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from . import _format as F
+from ._codec import plain_loads
+
+_crc32 = zlib.crc32
+
+
+class Damage(Exception):
+    """Bytes that failed a check, at ``offset`` within their segment."""
+
+    def __init__(self, reason: str, offset: int, *, torn_shape: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+        self.torn_shape = torn_shape
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentHeader:
+    seq: int
+    segment: int
+    first_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    stored_len: int
+    raw_len: int
+    count: int
+    flags: int
+    first_lsn: int
+    commit_us: int
+    payload_crc: int
+
+    @property
+    def kind(self) -> int:
+        return self.flags & F.KIND_MASK
+
+    @property
+    def size(self) -> int:
+        return F.BATCH_HEADER_SIZE + self.stored_len
+
+    @property
+    def lsn_count(self) -> int:
+        """LSNs this batch takes: control records take none."""
+        return 0 if self.flags & F.KIND_MASK == F.KIND_CONTROL else self.count
+
+
+def parse_segment_header(buf: bytes | memoryview) -> SegmentHeader:
+    if len(buf) < F.SEGMENT_HEADER_SIZE:
+        raise Damage(f"segment shorter than its {F.SEGMENT_HEADER_SIZE}-byte header", 0)
+    body = bytes(buf[: F.SEGMENT_HEADER.size])
+    magic, version, hsize, segment, seq, first_lsn, _reserved = F.SEGMENT_HEADER.unpack(body)
+    if magic != F.SEGMENT_MAGIC:
+        raise Damage("not a persistlog segment (bad magic)", 0)
+    (crc,) = F.U32.unpack_from(buf, F.SEGMENT_HEADER.size)
+    if crc != _crc32(body):
+        raise Damage("segment header checksum mismatch", 0)
+    if version != F.FORMAT_VERSION:
+        raise Damage(f"unknown format version {version} (this reader knows {F.FORMAT_VERSION})", 0)
+    if hsize != F.SEGMENT_HEADER_SIZE:
+        raise Damage(f"unexpected segment header size {hsize}", 0)
+    return SegmentHeader(seq=seq, segment=segment, first_lsn=first_lsn)
+
+
+def is_zeros(buf: bytes | memoryview) -> bool:
+    return not any(buf)
+
+
+def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
+    """The header at ``buf[0:40]``, which sits at ``offset`` in its segment."""
+    if len(buf) < F.BATCH_HEADER_SIZE:
+        raise Damage("batch header cut short", offset, torn_shape=True)
+    body = bytes(buf[: F.BATCH_HEADER.size])
+    (crc,) = F.U32.unpack_from(buf, F.BATCH_HEADER.size)
+    if crc != _crc32(body):
+        # Zeros are what a file extended by a crash shows before its data reached disk.
+        raise Damage("batch header checksum mismatch", offset, torn_shape=is_zeros(buf))
+    stored, raw, count, flags, marker, first_lsn, commit_us, pcrc = F.BATCH_HEADER.unpack(body)
+    if marker != F.BATCH_MARKER:
+        raise Damage("bad batch marker", offset)
+    if flags & ~F.KNOWN_FLAGS:
+        raise Damage(f"unknown batch flags 0x{flags:04x}", offset)
+    if stored > F.MAX_BATCH_BYTES or raw > F.MAX_BATCH_BYTES:
+        raise Damage(f"batch length {max(stored, raw)} exceeds the {F.MAX_BATCH_BYTES}-byte limit", offset)
+    if flags & F.COMPRESSION_MASK == F.COMPRESSION_NONE and stored != raw:
+        raise Damage("uncompressed batch with differing stored and raw lengths", offset)
+    if count > max(raw, 1) or (count == 0 and raw):
+        raise Damage(f"record count {count} impossible for {raw} payload bytes", offset)
+    return BatchHeader(stored, raw, count, flags, first_lsn, commit_us, pcrc)
+
+
+def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) -> bytes:
+    """The raw payload, after its checksum and (bounded) decompression."""
+    if _crc32(stored) != header.payload_crc:
+        raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
+    compression = header.flags & F.COMPRESSION_MASK
+    if compression == F.COMPRESSION_NONE:
+        return bytes(stored)
+    try:
+        if compression == F.COMPRESSION_GZIP:
+            d = zlib.decompressobj()
+            raw = d.decompress(stored, header.raw_len)
+            if d.unconsumed_tail or not d.eof:
+                raise ValueError("zlib stream longer than its declared length")
+        elif compression == F.COMPRESSION_ZSTD:
+            import zstandard
+
+            raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=header.raw_len)
+        else:
+            raise ValueError(f"unknown compression flag 0x{compression:04x}")
+    except ImportError:
+        raise Damage("batch is zstd-compressed; install persistlog[zstd] to read it", offset) from None
+    except Exception as e:  # any decompressor complaint is damage of these bytes
+        raise Damage(f"batch payload does not decompress: {e}", offset) from None
+    if len(raw) != header.raw_len:
+        raise Damage(f"decompressed {len(raw)} bytes, header says {header.raw_len}", offset)
+    return raw
+
+
+def split_records(
+    header: BatchHeader, raw: bytes, offset: int, loads: Any
+) -> tuple[list[Any], bytes | None]:
+    """``(records, snapshot_bitmap)``; the bitmap is None unless the batch mixes kinds."""
+    try:
+        items = loads(b"\x9f" + raw + b"\xff")
+    except Exception as e:
+        raise Damage(f"batch payload is not a CBOR sequence: {e}", offset) from None
+    if not isinstance(items, list):
+        raise Damage("batch payload is not a CBOR sequence", offset)
+    bitmap = None
+    if header.kind == F.KIND_MIXED:
+        if not items or not isinstance(items[0], bytes) or len(items[0]) != (header.count + 7) >> 3:
+            raise Damage("mixed batch without a valid kind bitmap", offset)
+        bitmap = items[0]
+        del items[0]
+    if len(items) != header.count:
+        raise Damage(f"batch holds {len(items)} records, header says {header.count}", offset)
+    return items, bitmap
+
+
+def control_records(header: BatchHeader, raw: bytes, offset: int) -> list[dict[str, Any]]:
+    records, _ = split_records(header, raw, offset, plain_loads)
+    for r in records:
+        if not isinstance(r, dict) or not isinstance(r.get("t"), str):
+            raise Damage("malformed control record", offset)
+    return records
+
+
+def parse_trailer(buf: bytes | memoryview) -> int | None:
+    """The seal batch offset if ``buf`` (the segment's last 16 bytes) is a valid trailer."""
+    if len(buf) != F.TRAILER_SIZE:
+        return None
+    body = bytes(buf[: F.TRAILER.size])
+    magic, seal_offset = F.TRAILER.unpack(body)
+    if magic != F.TRAILER_MAGIC or F.U32.unpack_from(buf, F.TRAILER.size)[0] != _crc32(body):
+        return None
+    return int(seal_offset)
+
+
+def parse_pointer(buf: bytes) -> int | None:
+    """The seq CURRENT names, or None if the pointer is damaged in any way."""
+    if len(buf) != F.POINTER_SIZE:
+        return None
+    body = buf[: F.POINTER.size]
+    magic, version, _reserved, seq = F.POINTER.unpack(body)
+    if magic != F.POINTER_MAGIC or version != F.FORMAT_VERSION:
+        return None
+    if F.U32.unpack_from(buf, F.POINTER.size)[0] != _crc32(body):
+        return None
+    return int(seq)
+
+
+def is_snapshot(kind: int, bitmap: bytes | None, index: int) -> bool:
+    if kind == F.KIND_SNAPSHOT:
+        return True
+    if bitmap is None:
+        return False
+    return bool(bitmap[index >> 3] & (1 << (index & 7)))
+

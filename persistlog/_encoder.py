@@ -1,0 +1,78 @@
+"""Records to bytes: segment headers, framed and checksummed batches, the seal trailer and
+the CURRENT pointer. Pure functions, no I/O; ``docs/FORMAT.md`` is the specification."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import cbor2
+
+from . import _format as F
+
+_crc32 = zlib.crc32
+
+
+def segment_header(seq: int, segment: int, first_lsn: int) -> bytes:
+    head = F.SEGMENT_HEADER.pack(
+        F.SEGMENT_MAGIC, F.FORMAT_VERSION, F.SEGMENT_HEADER_SIZE, segment, seq, first_lsn, 0
+    )
+    return head + F.U32.pack(_crc32(head))
+
+
+def _compress(raw: bytes, compression: int) -> bytes:
+    if compression == F.COMPRESSION_NONE:
+        return raw
+    if compression == F.COMPRESSION_GZIP:
+        return zlib.compress(raw, 6)
+    import zstandard  # an optional extra, checked when the Log is opened
+
+    return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(raw)
+
+
+def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
+          compression: int = F.COMPRESSION_NONE) -> bytes:
+    """One batch: header (with both checksums) followed by the stored payload."""
+    stored = _compress(payload, compression) if compression else payload
+    if compression and len(stored) >= len(payload):
+        # Incompressible: store it raw rather than pay to inflate it on every read.
+        stored, compression = payload, F.COMPRESSION_NONE
+    head = F.BATCH_HEADER.pack(
+        len(stored), len(payload), count, kind | compression, F.BATCH_MARKER, first_lsn,
+        commit_us, _crc32(stored),
+    )
+    return head + F.U32.pack(_crc32(head)) + stored
+
+
+def record_batch(records: Sequence[bytes], snapshots: Sequence[int], first_lsn: int,
+                 commit_us: int, compression: int = F.COMPRESSION_NONE) -> bytes:
+    """A batch of already-encoded app records; ``snapshots`` lists the indexes of the
+    records that came from an enumeration (the rest are updates)."""
+    count = len(records)
+    if not snapshots:
+        kind, payload = F.KIND_UPDATE, b"".join(records)
+    elif len(snapshots) == count:
+        kind, payload = F.KIND_SNAPSHOT, b"".join(records)
+    else:
+        bitmap = bytearray((count + 7) >> 3)
+        for i in snapshots:
+            bitmap[i >> 3] |= 1 << (i & 7)
+        kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + b"".join(records)
+    return frame(payload, count, kind, first_lsn, commit_us, compression)
+
+
+def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: int) -> bytes:
+    """A batch of control records; it takes no LSN (its first LSN is the next one due)."""
+    payload = b"".join(cbor2.dumps(r) for r in records)
+    return frame(payload, len(records), F.KIND_CONTROL, next_lsn, commit_us)
+
+
+def seal_trailer(seal_offset: int) -> bytes:
+    head = F.TRAILER.pack(F.TRAILER_MAGIC, seal_offset)
+    return head + F.U32.pack(_crc32(head))
+
+
+def pointer(seq: int) -> bytes:
+    head = F.POINTER.pack(F.POINTER_MAGIC, F.FORMAT_VERSION, 0, seq)
+    return head + F.U32.pack(_crc32(head))

@@ -1,0 +1,91 @@
+"""The exceptions persistlog raises.
+
+::
+
+    PersistLogError
+    ├── CorruptLogError        bytes that cannot be read: checksum, header, version, chain gap
+    ├── WriterConflict         another live writer holds the destination
+    ├── DestinationError       storage failed (wraps the OSError / client error as __cause__)
+    ├── LogFailedError         the Log hit a write failure earlier and refuses further writes
+    ├── LogClosedError         the Log was closed (also a RuntimeError)
+    ├── EnumerateError         the app's enumerate_all raised during a rotation
+    ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
+    └── ResetRequired          a follower's cursor points at data retention already deleted
+
+Misuse of the API (wrong types, unknown options) raises the built-in ``TypeError`` or
+``ValueError`` with a message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+
+class PersistLogError(Exception):
+    """Base class of every error persistlog raises on purpose."""
+
+
+class CorruptLogError(PersistLogError):
+    """Stored bytes failed a check. Names where: destination, log, segment and offset."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        destination: str = "",
+        log: int | None = None,
+        segment: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.destination = destination
+        self.log = log
+        self.segment = segment
+        self.offset = offset
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = []
+        if self.destination:
+            where.append(f"destination {self.destination}")
+        if self.log is not None:
+            where.append(f"log {self.log}")
+        if self.segment is not None:
+            where.append(f"segment {self.segment}")
+        if self.offset is not None:
+            where.append(f"offset {self.offset}")
+        return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+
+class WriterConflict(PersistLogError):
+    """Another writer holds the destination; persistlog never interleaves two writers."""
+
+
+class DestinationError(PersistLogError):
+    """Reading or writing a destination failed; the storage error is ``__cause__``."""
+
+
+class LogFailedError(PersistLogError):
+    """A write to the primary destination failed; the original error is ``__cause__``.
+
+    Nothing written after the failure was acknowledged. Close the Log, restore, and open a
+    new one.
+    """
+
+
+class LogClosedError(PersistLogError, RuntimeError):
+    """The Log was closed."""
+
+
+class EnumerateError(PersistLogError):
+    """``enumerate_all`` raised during a rotation; the app's exception is ``__cause__``.
+
+    The new log stays incomplete and writing continues in it; the next trigger retries.
+    """
+
+
+class LogNotFoundError(PersistLogError, FileNotFoundError):
+    """``restore(..., missing_ok=False)`` found no log at the destination."""
+
+
+class ResetRequired(PersistLogError):
+    """A follower cannot continue from its cursor (retention deleted what it needs, or the
+    cursor is ahead of the log) and no ``on_reset`` hook was given."""

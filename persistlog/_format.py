@@ -1,0 +1,79 @@
+"""Format v1 constants, in one place. ``docs/FORMAT.md`` is the specification; keep the two
+in step (``tests/persistlog/test_format_doc.py`` checks the numbers the doc states)."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+FORMAT_VERSION = 1
+
+# Segment header: magic, version, header length, segment number, log seq, first LSN,
+# reserved, CRC-32 of everything before it.
+SEGMENT_MAGIC = b"\x89PLOG\r\n\x1a"
+SEGMENT_HEADER = struct.Struct("<8sHHIQQI")
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size + 4  # 40 with the trailing CRC
+
+# Batch header: stored length, raw length, record count, flags, marker, first LSN, commit
+# time (µs since the Unix epoch), payload CRC; followed by the CRC of those 36 bytes.
+BATCH_HEADER = struct.Struct("<IIIH2sQqI")
+BATCH_HEADER_SIZE = BATCH_HEADER.size + 4  # 40
+BATCH_MARKER = b"PB"
+
+# Seal trailer, the last 16 bytes of a sealed log's last segment: magic, offset of the seal
+# batch within the segment, CRC-32 of the 12 bytes before it.
+TRAILER_MAGIC = b"PLOGSEAL"
+TRAILER = struct.Struct("<8sI")
+TRAILER_SIZE = TRAILER.size + 4  # 16
+
+# CURRENT: magic, version, reserved, seq of the newest complete log, CRC-32.
+POINTER_MAGIC = b"PLOGCURR"
+POINTER = struct.Struct("<8sHHQ")
+POINTER_SIZE = POINTER.size + 4  # 24
+
+U32 = struct.Struct("<I")
+
+# Batch flags.
+KIND_MASK = 0x0003
+KIND_UPDATE = 0
+KIND_SNAPSHOT = 1
+KIND_MIXED = 2  # first payload item is a byte string bitmap: bit i set = record i is a snapshot
+KIND_CONTROL = 3
+COMPRESSION_MASK = 0x000C
+COMPRESSION_NONE = 0x0000
+COMPRESSION_GZIP = 0x0004  # zlib stream (RFC 1950)
+COMPRESSION_ZSTD = 0x0008  # zstandard frame with its content size
+KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK
+
+# Limits, checked before any allocation driven by bytes read from storage.
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+MAX_RECORD_BYTES = 32 * 1024 * 1024
+MAX_POINTER_BYTES = 4096
+MAX_CBOR_DEPTH = 200
+
+# Control record types (the "t" key of a control record map).
+CONTROL_HEADER = "header"
+CONTROL_COMPLETE = "complete"
+CONTROL_SEAL = "seal"
+
+FIRST_LSN = 1
+FIRST_SEQ = 1
+
+# Names at a destination.
+CURRENT_NAME = "CURRENT"
+SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{10})\.plog$")
+SEQ_DIGITS = 20
+SEGMENT_DIGITS = 10
+
+
+def segment_name(seq: int, segment: int) -> str:
+    """The file name of segment ``segment`` of log ``seq``; lexical order is numeric order."""
+    return f"{seq:020d}-{segment:010d}.plog"
+
+
+def parse_segment_name(name: str) -> tuple[int, int] | None:
+    """``(seq, segment)`` for a segment file name, None for any other name."""
+    m = SEGMENT_NAME.match(name)
+    if m is None:
+        return None
+    return int(m.group(1)), int(m.group(2))

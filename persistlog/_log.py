@@ -1,0 +1,342 @@
+"""``persistlog.open`` and the public :class:`Log` object."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import Any
+
+from destinations import Destination, open_destination
+
+from . import _format as F
+from ._codec import Codec
+from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
+from ._errors import DestinationError, LogClosedError, PersistLogError
+from ._reader import LogScanner, list_logs, read_pointer
+from ._rotation import EnumerateAll, Rotator
+from ._writer import LogCore, _Settings
+
+log = logging.getLogger("persistlog")
+
+DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
+DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
+DEFAULT_BATCH_BYTES = 1024 * 1024
+DEFAULT_BATCH_RECORDS = 8192
+LOCAL_FLUSH_INTERVAL = 0.1
+LEASE_TTL = 30.0
+
+
+def _destination(url: str, storage_options: dict[str, Any] | None) -> Destination:
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
+    return open_destination(url, **(storage_options or {}))
+
+
+def _end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int]:
+    """``(newest seq, next LSN)`` of what is at the destination, reading as little as it can:
+    the seal of a cleanly closed log, else a scan of the newest log's last segment."""
+    if not logs:
+        return 0, F.FIRST_LSN
+    seq = max(logs)
+    number, name = logs[seq][-1]
+    size = dest.size(name)
+    if size >= F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE + F.TRAILER_SIZE:
+        seal_at = parse_trailer(dest.read(name, size - F.TRAILER_SIZE, F.TRAILER_SIZE))
+        if seal_at is not None and seal_at < size - F.TRAILER_SIZE:
+            try:
+                head = parse_batch_header(dest.read(name, seal_at, F.BATCH_HEADER_SIZE), seal_at)
+                if head.kind == F.KIND_CONTROL and seal_at + head.size == size - F.TRAILER_SIZE:
+                    payload = dest.read(name, seal_at + F.BATCH_HEADER_SIZE, head.stored_len)
+                    for c in control_records(head, check_payload(head, payload, seal_at), seal_at):
+                        if c["t"] == F.CONTROL_SEAL and isinstance(c.get("next_lsn"), int):
+                            return seq, int(c["next_lsn"])
+            except Damage:
+                pass  # fall back to scanning, which reports the damage precisely
+    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))  # type: ignore[arg-type]
+    for _batch in scanner:
+        pass
+    next_lsn = scanner.state.next_lsn
+    return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
+
+
+class Log(LogCore):
+    """A log being written. Build it with :func:`persistlog.open`.
+
+    ``update()`` appends one record, ``update_many()`` several at once; ``sync()`` makes all
+    of them durable; ``rotate()`` starts a fresh log with a new enumeration; ``close()``
+    writes what is pending and seals the log. A Log is safe to use from many threads.
+    """
+
+    _rotator: Rotator
+
+    def __init__(self, dest: Destination, settings: _Settings, codec: Codec, metadata: Any) -> None:
+        super().__init__(dest, settings, codec, metadata)
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._old_handler: Any = None
+        self._signal: int | None = None
+        self._signalled = False
+        self._opened_at = time.time()
+
+    # -- public API ---------------------------------------------------------------------
+
+    # update(), update_many() come from LogCore; they are documented here for readers.
+    update = LogCore.update
+    update.__doc__ = """Append ``record``; returns its LSN.
+
+    Raises ``TypeError`` before anything is written if the record cannot be encoded.
+    In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
+    mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
+    before this returns, sharing one fsync with concurrent callers.
+    """
+    update_many = LogCore.update_many
+    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last.
+
+    Every record is encoded first: if any cannot be, ``TypeError`` is raised and none is
+    written.
+    """
+
+    def sync(self) -> None:
+        """Make every record appended so far durable (fsync locally, PUT remotely)."""
+        with self._io_lock:
+            self._check()
+            self._write_pending()
+            self._sync_primary()
+
+    def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
+        """Start a new log now; returns its seq once complete (``wait=True``).
+
+        If ``enumerate_all`` raises, this raises :class:`EnumerateError` (the app's
+        exception is its cause) and the log keeps working in the incomplete log.
+        """
+        self._check()
+        fut = self._rotator.request(coalesce=False)
+        if not wait:
+            return None
+        return fut.result(timeout)
+
+    @property
+    def seq(self) -> int:  # type: ignore[override]
+        """The seq of the log being written."""
+        return self._seq
+
+    @seq.setter
+    def seq(self, value: int) -> None:
+        self._seq = value
+
+    @property
+    def url(self) -> str:
+        return self.dest.url
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, bytes, logs, the last rotation, the last error, destination health."""
+        r = self._rotator
+        sw = self._current_writer
+        return {
+            **self._counts,
+            "durability": self.settings.durability,
+            "next_lsn": self._next_lsn,
+            "durable_lsn": self.durable_lsn,
+            "log_seq": self._seq,
+            "log_bytes": sw.bytes_written if sw is not None else 0,
+            "records_per_sync": round(
+                (self._counts["updates"] + self._counts["snapshot_records"]) / max(1, self._counts["syncs"]), 2
+            ),
+            "rotations": r.rotations,
+            "rotation_failures": r.failures,
+            "rotating": r.rotating,
+            "last_rotation": r.last_rotation,
+            "complete_logs": sorted(r.known_complete),
+            "last_error": repr(self._failed or r.last_error) if (self._failed or r.last_error) else None,
+            "failed": self._failed is not None,
+            "closed": self._closed,
+            "destinations": [
+                {
+                    "url": self.dest.url,
+                    "role": "primary",
+                    "healthy": self._failed is None,
+                    "error": repr(self._failed) if self._failed else None,
+                }
+            ],
+        }
+
+    def close(self) -> None:
+        """Wait for a running enumeration, write what is pending, seal, release the lock."""
+        if self._closed:
+            return
+        self._stop.set()
+        self._rotator.close()
+        if self._ticker is not None and self._ticker is not threading.current_thread():
+            self._ticker.join()
+        self._restore_signal()
+        try:
+            super().close()
+        finally:
+            self.dest.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failed else "closed" if self._closed else "open"
+        return f"<persistlog.Log {self.dest.url!r} log={self._seq} next_lsn={self._next_lsn} {state}>"
+
+    # -- background work ----------------------------------------------------------------
+
+    def _start_background(self, flush_interval: float, lease_renew: float | None) -> None:
+        def tick() -> None:
+            last_renew = time.monotonic()
+            while not self._stop.wait(flush_interval):
+                try:
+                    if self._failed is not None:
+                        return
+                    if self._has_pending() or self._sw_pending():
+                        with self._io_lock:
+                            if self._failed is None and not self._closed:
+                                self._write_pending()
+                    if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
+                        self._renew_lock()
+                        last_renew = time.monotonic()
+                    if self._signalled:
+                        self._signalled = False
+                        self._rotator.request()
+                    self._rotator.check_interval()
+                except PersistLogError as e:
+                    log.debug("background flush stopped: %s", e)
+                    return
+                except Exception:
+                    log.exception("background flush failed")
+
+        self._ticker = threading.Thread(target=tick, name="persistlog-flush", daemon=True)
+        self._ticker.start()
+
+    def _sw_pending(self) -> bool:
+        sw = self._current_writer
+        return bool(sw is not None and getattr(sw, "_pending", None))
+
+    def _install_signal(self, signum: int) -> None:
+        def handler(num: int, frame: FrameType | None) -> None:
+            self._signalled = True  # the flush thread starts the rotation; no I/O here
+
+        self._old_handler = signal.signal(signum, handler)
+        self._signal = signum
+
+    def _restore_signal(self) -> None:
+        if self._signal is not None:
+            try:
+                signal.signal(self._signal, self._old_handler)
+            except (ValueError, TypeError):
+                pass
+            self._signal = None
+
+
+def open(
+    url: str,
+    enumerate_all: EnumerateAll,
+    *,
+    durability: str = "buffered",
+    rotate_bytes: int | None = DEFAULT_ROTATE_BYTES,
+    rotate_records: int | None = None,
+    rotate_interval: float | None = None,
+    retain: int = 2,
+    rotate_on_signal: int | None = None,
+    metadata: Any = None,
+    codec: Codec | None = None,
+    storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    flush_interval: float | None = None,
+) -> Log:
+    """Open the log at ``url`` for writing and start a new log with a full enumeration.
+
+    Restore first (:func:`persistlog.restore`), then open: opening calls
+    ``enumerate_all(emit)``, which must call ``emit(record)`` once per live resource, and
+    returns once that first log is complete (if it raises, the log is closed and
+    :class:`EnumerateError` is raised). A second writer on the same destination gets
+    :class:`WriterConflict`.
+
+    Triggers (``None`` turns one off): ``rotate_bytes`` (default 64 MiB of log),
+    ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
+    ``rotate_on_signal`` (e.g. ``signal.SIGUSR1``; main thread only). ``retain`` complete
+    logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
+    ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch).
+    """
+    if not callable(enumerate_all):
+        raise TypeError("enumerate_all must be a callable taking emit")
+    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
+        raise ValueError(f"retain must be an integer >= 1, not {retain!r}")
+    for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+    if rotate_interval is not None and (not isinstance(rotate_interval, (int, float)) or rotate_interval <= 0):
+        raise ValueError(f"rotate_interval must be a positive number of seconds or None, not {rotate_interval!r}")
+    if codec is not None and not isinstance(codec, Codec):
+        raise TypeError(f"codec must be a persistlog.Codec, not {type(codec).__name__}")
+    settings = _Settings(
+        durability=durability,
+        batch_bytes=batch_bytes,
+        batch_records=batch_records,
+        segment_bytes=segment_bytes,
+        flush_interval=flush_interval,
+        compression=compression,
+    )
+    dest = _destination(url, storage_options)
+    lg = Log(dest, settings, codec or Codec(), metadata)
+    lg._acquire(LEASE_TTL)
+    try:
+        try:
+            logs = list_logs(dest)
+            pointer = read_pointer(dest)
+            last_seq, next_lsn = _end_of_logs(dest, logs)
+        except OSError as e:
+            raise DestinationError(f"cannot read {dest.url}: {e}") from e
+        lg._set_position(next_lsn, last_seq)
+        known = [pointer] if pointer is not None and pointer in logs else []
+        lg._rotator = Rotator(
+            lg,
+            enumerate_all,
+            rotate_bytes=rotate_bytes,
+            rotate_records=rotate_records,
+            rotate_interval=rotate_interval,
+            retain=retain,
+            on_error=on_error,
+            known_complete=known,
+        )
+        lg._after_batch = lg._rotator.check_triggers
+        interval = flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL
+        renew = None if dest.appendable else LEASE_TTL / 3
+        lg._start_background(interval, renew)
+        if rotate_on_signal is not None:
+            lg._install_signal(rotate_on_signal)
+        lg._rotator.request(coalesce=False).result()
+    except BaseException:
+        _close_quietly(lg)
+        raise
+    log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
+    return lg
+
+
+def _close_quietly(lg: Log) -> None:
+    try:
+        if hasattr(lg, "_rotator"):
+            lg.close()
+        else:
+            lg._release()
+            lg.dest.close()
+    except Exception as e:
+        log.debug("closing after a failed open: %s", e)
+
+
+__all__ = ["Log", "LogClosedError", "open"]

@@ -1,0 +1,405 @@
+"""Reading logs from a destination, batch by batch, in bounded memory.
+
+This is where the decoder meets storage and where damage is classified: the last batch of
+the last segment of an unsealed log on an appendable destination may be torn by a crash (it
+is dropped and reported); anything else that fails a check is corruption. Every reader of
+logs (restore, follower, CLI, Spark) goes through :class:`LogScanner`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from destinations import Destination
+
+from . import _format as F
+from ._decoder import (
+    BatchHeader,
+    Damage,
+    check_payload,
+    control_records,
+    is_snapshot,
+    parse_batch_header,
+    parse_pointer,
+    parse_segment_header,
+    parse_trailer,
+    split_records,
+)
+from ._errors import CorruptLogError, DestinationError
+
+log = logging.getLogger("persistlog")
+
+READ_CHUNK = 4 * 1024 * 1024
+
+RECOVERY_MODES = ("strict", "skip")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One decoded-on-demand batch and where it sits."""
+
+    log: int
+    segment: int
+    offset: int
+    header: BatchHeader
+    raw: bytes
+    controls: list[dict[str, Any]] | None = None
+
+    @property
+    def first_lsn(self) -> int:
+        return self.header.first_lsn
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.header.size
+
+    @property
+    def is_control(self) -> bool:
+        return self.controls is not None
+
+    def records(self, loads: Callable[[bytes], Any]) -> list[Any]:
+        """The app records, decoded with ``loads`` (a Codec's)."""
+        return split_records(self.header, self.raw, self.offset, loads)[0]
+
+    def records_and_kinds(self, loads: Callable[[bytes], Any]) -> tuple[list[Any], list[str]]:
+        records, bitmap = split_records(self.header, self.raw, self.offset, loads)
+        kind = self.header.kind
+        kinds = [
+            "snapshot" if is_snapshot(kind, bitmap, i) else "update" for i in range(len(records))
+        ]
+        return records, kinds
+
+
+@dataclass(slots=True)
+class TornTail:
+    """A crash artefact that was dropped: ``length`` bytes from ``offset`` of ``segment``."""
+
+    log: int
+    segment: str
+    offset: int
+    length: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Skipped:
+    """Damage passed over in ``recovery="skip"`` mode."""
+
+    log: int
+    segment: str
+    offset: int
+    length: int
+    reason: str
+
+
+@dataclass(slots=True)
+class LogState:
+    """What a scan learned about one log."""
+
+    seq: int
+    segments: list[tuple[int, str]]
+    header: dict[str, Any] | None = None
+    first_lsn: int | None = None
+    next_lsn: int | None = None
+    complete_lsn: int | None = None
+    sealed: bool = False
+    seal: dict[str, Any] | None = None
+    records: int = 0
+    first_commit_us: int | None = None
+    last_commit_us: int | None = None
+    torn: TornTail | None = None
+    skipped: list[Skipped] = field(default_factory=list)
+    # Where the scan stopped: segment number and offset of the next byte to read.
+    position: tuple[int, int] = (0, 0)
+
+    @property
+    def complete(self) -> bool:
+        return self.complete_lsn is not None
+
+
+def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
+    """``{seq: [(segment number, name), ...]}`` in order, from one fresh listing."""
+    try:
+        names = dest.list()
+    except OSError as e:
+        raise DestinationError(f"cannot list {dest.url}: {e}") from e
+    logs: dict[int, list[tuple[int, str]]] = {}
+    for name in names:
+        parsed = F.parse_segment_name(name)
+        if parsed is not None:
+            logs.setdefault(parsed[0], []).append((parsed[1], name))
+    return dict(sorted(logs.items()))
+
+
+def read_pointer(dest: Destination) -> int | None:
+    """The seq CURRENT names, or None when it is missing or damaged (never fatal)."""
+    try:
+        data = dest.read(F.CURRENT_NAME, 0, F.MAX_POINTER_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("cannot read %s/CURRENT (%s); falling back to listing", dest.url, e)
+        return None
+    seq = parse_pointer(data)
+    if seq is None:
+        log.warning("%s/CURRENT is damaged; falling back to listing", dest.url)
+    return seq
+
+
+class _SegmentBytes:
+    """A sliding window over one segment, refilled in large reads."""
+
+    def __init__(self, dest: Destination, name: str, size: int) -> None:
+        self.dest = dest
+        self.name = name
+        self.size = size
+        self.base = 0
+        self.buf = b""
+
+    def get(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset`` (short only at the end of the segment)."""
+        end = min(offset + length, self.size)
+        if offset < self.base or end > self.base + len(self.buf):
+            keep = self.buf[offset - self.base:] if self.base <= offset < self.base + len(self.buf) else b""
+            start = offset + len(keep)
+            want = max(end - start, READ_CHUNK)
+            want = min(want, self.size - start)
+            more = self.dest.read(self.name, start, want) if want > 0 else b""
+            self.buf = keep + more
+            self.base = offset
+        lo = offset - self.base
+        return self.buf[lo: lo + (end - offset)]
+
+
+class LogScanner:
+    """Iterates the batches of one log, checking every byte and the LSN chain.
+
+    After iteration ``state`` says whether the log is complete or sealed, where it ends,
+    and what torn tail (if any) was dropped. In strict mode any corruption raises
+    :class:`CorruptLogError`; in ``"skip"`` mode it is recorded in ``state.skipped`` and
+    the scan goes on. With ``tail_ok`` (followers), a torn-looking end of the last segment
+    is treated as "not written yet": the scan stops before it without reporting it.
+    """
+
+    def __init__(
+        self,
+        dest: Destination,
+        seq: int,
+        segments: list[tuple[int, str]],
+        *,
+        recovery: str = "strict",
+        expect_first_lsn: int | None = None,
+        start: tuple[int, int, int] | None = None,
+        tail_ok: bool = False,
+    ) -> None:
+        if recovery not in RECOVERY_MODES:
+            raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
+        self.dest = dest
+        self.seq = seq
+        self.segments = segments
+        self.recovery = recovery
+        self.expect_first_lsn = expect_first_lsn
+        self.start = start  # (segment number, offset, next LSN) to resume from
+        self.tail_ok = tail_ok
+        self.state = LogState(seq=seq, segments=segments)
+
+    # -- errors -------------------------------------------------------------------------
+
+    def _corrupt(self, reason: str, name: str, offset: int, length: int = 0) -> None:
+        if self.recovery == "skip":
+            log.warning("skipping damage in %s log %d %s at %d: %s", self.dest.url, self.seq, name, offset, reason)
+            self.state.skipped.append(Skipped(self.seq, name, offset, length, reason))
+            return
+        raise CorruptLogError(reason, destination=self.dest.url, log=self.seq, segment=name, offset=offset)
+
+    def _read_error(self, name: str, e: OSError) -> DestinationError:
+        return DestinationError(f"cannot read {self.dest.url}/{name}: {e}")
+
+    # -- scanning -----------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        st = self.state
+        expected_numbers = list(range(self.segments[0][0], self.segments[0][0] + len(self.segments)))
+        numbers = [n for n, _ in self.segments]
+        if self.start is None and numbers and numbers[0] != 0:
+            self._corrupt(f"log starts at segment {numbers[0]}, segment 0 is missing", self.segments[0][1], 0)
+        if numbers != expected_numbers:
+            missing = sorted(set(expected_numbers) - set(numbers))
+            self._corrupt(f"segment(s) {missing} missing from the middle of the log", self.segments[-1][1], 0)
+        next_lsn = self.expect_first_lsn
+        if self.start is not None:
+            next_lsn = self.start[2]
+        last_index = len(self.segments) - 1
+        for index, (number, name) in enumerate(self.segments):
+            if self.start is not None and number < self.start[0]:
+                continue
+            resume = self.start[1] if self.start is not None and number == self.start[0] else 0
+            try:
+                size = self.dest.size(name)
+            except FileNotFoundError:
+                raise
+            except OSError as e:
+                raise self._read_error(name, e) from e
+            seg = _SegmentBytes(self.dest, name, size)
+            try:
+                yield from self._scan_segment(seg, number, index == last_index, resume, next_lsn)
+            except FileNotFoundError:
+                raise
+            except OSError as e:
+                raise self._read_error(name, e) from e
+            next_lsn = st.next_lsn
+            if st.sealed or st.torn is not None:
+                if index != last_index:
+                    self._corrupt("log continues after its seal or torn tail", self.segments[index + 1][1], 0)
+                break
+
+    def _scan_segment(
+        self, seg: _SegmentBytes, number: int, last: bool, resume: int, next_lsn: int | None
+    ) -> Iterator[Batch]:
+        st = self.state
+        name = seg.name
+        if resume == 0:
+            try:
+                sh = parse_segment_header(seg.get(0, F.SEGMENT_HEADER_SIZE))
+            except Damage as d:
+                if self.tail_ok and last and seg.size < F.SEGMENT_HEADER_SIZE:
+                    st.position = (number, 0)
+                    return
+                self._corrupt(d.reason, name, d.offset, seg.size)
+                st.position = (number, seg.size)
+                return
+            if sh.seq != self.seq or sh.segment != number:
+                self._corrupt(
+                    f"segment header says log {sh.seq} segment {sh.segment}", name, 0, seg.size
+                )
+            if next_lsn is not None and sh.first_lsn != next_lsn:
+                self._corrupt(f"segment starts at LSN {sh.first_lsn}, expected {next_lsn}", name, 0)
+            if next_lsn is None:
+                next_lsn = sh.first_lsn
+                st.first_lsn = sh.first_lsn
+            pos = F.SEGMENT_HEADER_SIZE
+        else:
+            pos = resume
+        st.next_lsn = next_lsn
+        st.position = (number, pos)
+        size = seg.size
+        while pos < size:
+            end = size
+            try:
+                header = parse_batch_header(seg.get(pos, F.BATCH_HEADER_SIZE), pos)
+                end = pos + header.size
+                if end > size:
+                    raise Damage(
+                        f"batch of {header.size} bytes runs past the end of the segment ({size} bytes)",
+                        pos,
+                        torn_shape=True,
+                    )
+                stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
+                raw = check_payload(header, stored, pos)
+                if header.kind == F.KIND_CONTROL:
+                    controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
+                else:
+                    controls = None
+            except Damage as d:
+                # A crash can leave only the end of the last segment unfinished: a short or
+                # zero-filled header, a batch running past the end, or a last batch whose
+                # payload never fully reached the disk.
+                if last and d.torn_shape and end >= size and self._zeros_from(seg, pos, d):
+                    if self.tail_ok:
+                        return  # a write in progress: come back later
+                    if self.dest.appendable and not self._segment_sealed(seg):
+                        st.torn = TornTail(self.seq, name, pos, size - pos, d.reason)
+                        log.info(
+                            "dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
+                            self.dest.url, self.seq, size - pos, name, pos, d.reason,
+                        )
+                        return
+                skip_to = self._skip_target(seg, pos)
+                self._corrupt(d.reason, name, pos, skip_to - pos)
+                pos = skip_to
+                st.position = (number, pos)
+                continue
+            if next_lsn is not None and header.first_lsn != next_lsn:
+                self._corrupt(f"batch starts at LSN {header.first_lsn}, expected {next_lsn}", name, pos)
+            next_lsn = header.first_lsn + header.lsn_count
+            st.next_lsn = next_lsn
+            batch = Batch(self.seq, number, pos, header, raw, controls)
+            if controls is not None:
+                self._apply_controls(controls, header, name, pos)
+            else:
+                st.records += header.count
+                if st.first_commit_us is None:
+                    st.first_commit_us = header.commit_us
+                st.last_commit_us = header.commit_us
+            pos = end
+            st.position = (number, pos)
+            yield batch
+            if st.sealed:
+                self._check_trailer(seg, batch, name)
+                st.position = (number, size)
+                return
+
+    def _apply_controls(self, controls: list[dict[str, Any]], header: BatchHeader, name: str, pos: int) -> None:
+        st = self.state
+        for c in controls:
+            t = c["t"]
+            if t == F.CONTROL_HEADER:
+                if c.get("seq") != self.seq:
+                    self._corrupt(f"log header names log {c.get('seq')}", name, pos)
+                st.header = c
+            elif t == F.CONTROL_COMPLETE:
+                st.complete_lsn = header.first_lsn - 1
+            elif t == F.CONTROL_SEAL:
+                st.sealed = True
+                st.seal = c
+            # Unknown control types are skipped: later minor versions may add hints.
+
+    def _check_trailer(self, seg: _SegmentBytes, batch: Batch, name: str) -> None:
+        end = batch.end
+        tail = seg.get(end, F.TRAILER_SIZE + 1)
+        if len(tail) != F.TRAILER_SIZE or parse_trailer(tail) != batch.offset:
+            self._corrupt("seal batch is not followed by exactly its trailer", name, end, seg.size - end)
+
+    def _segment_sealed(self, seg: _SegmentBytes) -> bool:
+        if seg.size < F.SEGMENT_HEADER_SIZE + F.TRAILER_SIZE:
+            return False
+        return parse_trailer(seg.get(seg.size - F.TRAILER_SIZE, F.TRAILER_SIZE)) is not None
+
+    def _zeros_from(self, seg: _SegmentBytes, pos: int, d: Damage) -> bool:
+        """False only for a checksum-failing header that is not zero-filled to the end."""
+        if d.reason != "batch header checksum mismatch":
+            return True
+        probe = pos
+        while probe < seg.size:
+            chunk = seg.get(probe, READ_CHUNK)
+            if any(chunk):
+                return False
+            probe += len(chunk)
+        return True
+
+    def _skip_target(self, seg: _SegmentBytes, pos: int) -> int:
+        """Where skip mode resumes: after the damaged batch if its header is sound, else at
+        the next plausible batch header (or the end of the segment)."""
+        try:
+            header = parse_batch_header(seg.get(pos, F.BATCH_HEADER_SIZE), pos)
+            if pos + header.size <= seg.size:
+                return pos + header.size
+        except Damage:
+            pass
+        probe = pos + 1
+        while probe + F.BATCH_HEADER_SIZE <= seg.size:
+            window = seg.get(probe, READ_CHUNK)
+            i = window.find(F.BATCH_MARKER, 14)
+            while i != -1:
+                start = probe + i - 14
+                try:
+                    parse_batch_header(seg.get(start, F.BATCH_HEADER_SIZE), start)
+                    return start
+                except Damage:
+                    i = window.find(F.BATCH_MARKER, i + 1)
+            probe += max(len(window) - F.BATCH_HEADER_SIZE, 1)
+        return seg.size
+

@@ -1,0 +1,160 @@
+"""Restore: replay the newest complete log and every later one, in order.
+
+The newest complete log is the one CURRENT names when CURRENT is intact and that log still
+exists; otherwise the logs themselves are searched, newest first, for a snapshot-complete
+marker. With no complete log at all (a crash during the very first enumeration) every log
+is replayed from the oldest and the result says the state is not from a complete log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from destinations import Destination
+
+from ._codec import Codec
+from ._errors import CorruptLogError, LogNotFoundError
+from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, list_logs, read_pointer
+
+log = logging.getLogger("persistlog")
+
+
+@dataclass
+class RestoreResult:
+    """What a restore replayed.
+
+    ``found`` is False when the destination held no log. ``complete`` is True when the
+    replay started at a log whose enumeration completed (the normal case). ``next_lsn`` is
+    the LSN the next record will take; ``last_lsn`` the last one replayed (0 if none).
+    """
+
+    destination: str
+    found: bool = False
+    complete: bool = False
+    logs: list[int] = field(default_factory=list)
+    records: int = 0
+    last_lsn: int = 0
+    next_lsn: int = 1
+    torn_tails: list[TornTail] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    last_commit_us: int | None = None
+
+    @property
+    def torn_tail(self) -> TornTail | None:
+        """The torn tail dropped from the newest log, if any."""
+        return self.torn_tails[-1] if self.torn_tails else None
+
+
+@dataclass
+class ReplayPlan:
+    """Which logs a replay covers, decided from one listing."""
+
+    logs: dict[int, list[tuple[int, str]]]
+    start: int | None
+    complete: bool
+    pointer: int | None
+
+
+def plan(dest: Destination) -> ReplayPlan:
+    logs = list_logs(dest)
+    if not logs:
+        return ReplayPlan(logs, None, False, None)
+    pointer = read_pointer(dest)
+    if pointer is not None and pointer in logs:
+        return ReplayPlan(logs, pointer, True, pointer)
+    if pointer is not None:
+        log.warning("%s/CURRENT names log %d, which is gone; searching the logs", dest.url, pointer)
+    for seq in sorted(logs, reverse=True):
+        scanner = LogScanner(dest, seq, logs[seq])
+        for _batch in scanner:
+            if scanner.state.complete:
+                return ReplayPlan(logs, seq, True, pointer)
+    oldest = min(logs)
+    log.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
+    return ReplayPlan(logs, oldest, False, pointer)
+
+
+def scan_from(
+    dest: Destination, p: ReplayPlan, *, recovery: str = "strict"
+) -> Iterator[tuple[LogScanner, Batch]]:
+    """Every batch from the plan's start log onward, with the seq and LSN chain checked."""
+    assert p.start is not None
+    seqs = [s for s in sorted(p.logs) if s >= p.start]
+    expect: int | None = None
+    for i, seq in enumerate(seqs):
+        if i and seq != seqs[i - 1] + 1:
+            raise CorruptLogError(
+                f"log {seqs[i - 1] + 1} is missing between logs {seqs[i - 1]} and {seq}",
+                destination=dest.url,
+                log=seqs[i - 1] + 1,
+            )
+        scanner = LogScanner(dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect)
+        for batch in scanner:
+            yield scanner, batch
+        st = scanner.state
+        if i == 0 and p.complete and not st.complete:
+            raise CorruptLogError(
+                "CURRENT names this log but it has no snapshot-complete marker",
+                destination=dest.url,
+                log=seq,
+            )
+        if st.header is None and recovery == "strict":
+            raise CorruptLogError("log has no header record", destination=dest.url, log=seq,
+                                  segment=p.logs[seq][0][1], offset=0)
+        expect = st.next_lsn
+
+
+def restore_from(
+    dest: Destination,
+    replay: Callable[[Any], Any] | None = None,
+    *,
+    replay_batch: Callable[[list[Any]], Any] | None = None,
+    recovery: str = "strict",
+    missing_ok: bool = True,
+    codec: Codec | None = None,
+) -> tuple[RestoreResult, list[LogState]]:
+    if (replay is None) == (replay_batch is None):
+        raise TypeError("restore() needs exactly one of replay= or replay_batch=")
+    if recovery not in ("strict", "skip"):
+        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
+    codec = codec or Codec()
+    loads = codec.loads
+    result = RestoreResult(destination=dest.url)
+    p = plan(dest)
+    if p.start is None:
+        if not missing_ok:
+            raise LogNotFoundError(f"no persistlog log at {dest.url}")
+        log.info("no log at %s: nothing to restore", dest.url)
+        return result, []
+    result.found = True
+    result.complete = p.complete
+    states: list[LogState] = []
+    current: LogScanner | None = None
+    for scanner, batch in scan_from(dest, p, recovery=recovery):
+        if scanner is not current:
+            current = scanner
+            states.append(scanner.state)
+            result.logs.append(scanner.seq)
+        if batch.is_control:
+            continue
+        records = batch.records(loads)
+        if replay_batch is not None:
+            replay_batch(records)
+        else:
+            assert replay is not None
+            for r in records:
+                replay(r)
+        result.records += len(records)
+        result.last_commit_us = batch.header.commit_us
+    for st in states:
+        if st.torn is not None:
+            result.torn_tails.append(st.torn)
+        result.skipped.extend(st.skipped)
+    if states and states[-1].next_lsn is not None:
+        result.next_lsn = states[-1].next_lsn
+        result.last_lsn = result.next_lsn - 1
+    log.info("restored %d records from log(s) %s at %s", result.records, result.logs, dest.url)
+    return result, states

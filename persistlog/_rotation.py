@@ -1,0 +1,212 @@
+"""Rotation: starting a fresh log that begins with a full enumeration of the app's state.
+
+The protocol (DESIGN.md, "Rotation"), run on the rotation thread:
+
+1. create log N+1 durably and switch every later record to it; seal log N;
+2. call ``enumerate_all(emit)``: ``emit`` writes *snapshot* records into N+1 while the app's
+   updates keep flowing into the same log;
+3. append the snapshot-complete marker and make it durable;
+4. move CURRENT to N+1, then apply retention.
+
+If ``enumerate_all`` raises, N+1 stays incomplete and writing continues in it; the error is
+logged, counted, handed to ``on_error`` and raised from ``rotate(wait=True)``. The next
+trigger retries with N+2.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from destinations import Destination
+
+from . import _encoder
+from . import _format as F
+from ._errors import EnumerateError, LogFailedError, PersistLogError
+from ._retention import apply_retention
+from ._writer import LogCore
+
+log = logging.getLogger("persistlog")
+
+EnumerateAll = Callable[[Callable[[Any], None]], Any]
+
+
+class Rotator:
+    """Owns the rotation thread, the triggers and the record of past rotations."""
+
+    def __init__(
+        self,
+        core: LogCore,
+        enumerate_all: EnumerateAll,
+        *,
+        rotate_bytes: int | None,
+        rotate_records: int | None,
+        rotate_interval: float | None,
+        retain: int,
+        on_error: Callable[[BaseException], None] | None,
+        known_complete: list[int],
+        on_complete: Callable[[int], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.enumerate_all = enumerate_all
+        self.rotate_bytes = rotate_bytes
+        self.rotate_records = rotate_records
+        self.rotate_interval = rotate_interval
+        self.retain = retain
+        self.on_error = on_error
+        self.on_complete = on_complete
+        self.known_complete = list(known_complete)
+        self.rotations = 0
+        self.failures = 0
+        self.last_rotation: dict[str, Any] | None = None
+        self.last_error: BaseException | None = None
+        self.rotating = False
+        self._snapshot_bytes = 0
+        self._started_at = time.monotonic()
+        self._cv = threading.Condition()
+        self._queue: list[Future[int]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="persistlog-rotation", daemon=True)
+        self._thread.start()
+
+    # -- requests -----------------------------------------------------------------------
+
+    def request(self, coalesce: bool = True) -> Future[int]:
+        """Ask for a rotation; a trigger joins a request not yet started."""
+        with self._cv:
+            if self._stop:
+                fut: Future[int] = Future()
+                fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
+                return fut
+            if coalesce and self._queue:
+                return self._queue[-1]
+            fut = Future()
+            self._queue.append(fut)
+            self._cv.notify()
+            return fut
+
+    def check_triggers(self) -> None:
+        """Called after each batch: cheap checks of the size and count triggers."""
+        if self.rotating or self._queue:
+            return
+        core = self.core
+        sw = core._current_writer
+        if sw is None:
+            return
+        if self.rotate_bytes is not None and sw.bytes_written - self._snapshot_bytes >= self.rotate_bytes:
+            self.request()
+        elif self.rotate_records is not None and core._log_update_records >= self.rotate_records:
+            self.request()
+
+    def check_interval(self) -> None:
+        if self.rotate_interval is None or self.rotating or self._queue:
+            return
+        if time.monotonic() - self._started_at >= self.rotate_interval:
+            self.request()
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                fut = self._queue[0]
+                self.rotating = True
+            try:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        seq = self._rotate()
+                    except BaseException as e:
+                        fut.set_exception(e)
+                    else:
+                        fut.set_result(seq)
+                        self._retain()
+            finally:
+                with self._cv:
+                    self._queue.pop(0)
+                    self.rotating = False
+                    self._cv.notify_all()
+
+    def _rotate(self) -> int:
+        core = self.core
+        started = time.monotonic()
+        self._started_at = started
+        seq = core.seq + 1
+        core._start_log(seq)
+        self._snapshot_bytes = 0
+        emitted = 0
+        active = True
+
+        def emit(record: Any) -> None:
+            nonlocal emitted
+            if not active:
+                raise RuntimeError("emit() called after enumerate_all returned")
+            core._emit(record)
+            emitted += 1
+
+        try:
+            self.enumerate_all(emit)
+        except BaseException as e:
+            active = False
+            self.failures += 1
+            self.last_error = e
+            if isinstance(e, LogFailedError) or core.failed is not None:
+                raise
+            log.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
+            if self.on_error is not None:
+                try:
+                    self.on_error(e)
+                except Exception:
+                    log.exception("on_error callback raised")
+            raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
+        active = False
+        with core._io_lock:
+            core._check()
+            core._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
+            core._sync_primary()
+            sw = core._current_writer
+            self._snapshot_bytes = sw.bytes_written if sw is not None else 0
+        self._move_pointer(core.dest, seq)
+        self.known_complete.append(seq)
+        self.rotations += 1
+        self.last_rotation = {
+            "seq": seq,
+            "snapshot_records": emitted,
+            "seconds": round(time.monotonic() - started, 6),
+            "finished": time.time(),
+        }
+        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, core.dest.url, emitted,
+                 self.last_rotation["seconds"])
+        if self.on_complete is not None:
+            self.on_complete(seq)
+        return seq
+
+    def _move_pointer(self, dest: Destination, seq: int) -> None:
+        try:
+            dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
+        except OSError as e:
+            # CURRENT is a hint: readers fall back to listing, so this is not fatal.
+            log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
+
+    def _retain(self) -> None:
+        try:
+            apply_retention(self.core.dest, self.known_complete, self.retain, self.core.seq)
+        except Exception as e:
+            log.warning("retention at %s failed (will retry after the next rotation): %s", self.core.dest.url, e)
+
+    def close(self) -> None:
+        """Wait for a running rotation, drop queued ones, stop the thread."""
+        with self._cv:
+            self._stop = True
+            for fut in self._queue:
+                fut.cancel()  # a running rotation cannot be cancelled and is waited for
+            self._cv.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()

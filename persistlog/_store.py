@@ -1,0 +1,140 @@
+"""ResourceStore: a thread-safe dict that restores, enumerates and logs by itself.
+
+Its records follow one documented convention, which the Spark replay understands::
+
+    {"op": "put", "key": k, "value": v}
+    {"op": "del", "key": k}
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, MutableMapping
+from types import TracebackType
+from typing import Any
+
+from ._api import restore
+from ._log import Log, open
+from ._restore import RestoreResult
+
+
+class ResourceStore(MutableMapping[Any, Any]):
+    """A dict whose every change is logged before it is applied.
+
+    >>> store = ResourceStore.open("/var/lib/app/state")   # restores, then opens the log
+    >>> store["user:1"] = {"name": "Ada"}
+    >>> store.close()
+
+    Keys and values must be loggable (CBOR values or classes registered with a Codec).
+    Each change is logged while the store's lock is held, so the log's order is the
+    store's order and an enumeration never writes a value older than a logged update.
+    """
+
+    def __init__(self) -> None:
+        self._data: dict[Any, Any] = {}
+        self._lock = threading.RLock()
+        self._log: Log | None = None
+        self.restored: RestoreResult | None = None
+
+    @classmethod
+    def open(cls, url: str, **options: Any) -> ResourceStore:
+        """Restore the store from ``url`` and open its log for writing.
+
+        ``options`` are those of :func:`persistlog.open` (``durability``, triggers,
+        ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
+        """
+        store = cls()
+        recovery = options.pop("recovery", "strict")
+        store.restored = restore(
+            url,
+            replay_batch=store._apply_batch,
+            recovery=recovery,
+            codec=options.get("codec"),
+            storage_options=options.get("storage_options"),
+        )
+        store._log = open(url, store._enumerate, **options)
+        return store
+
+    # -- replay and enumeration ---------------------------------------------------------
+
+    def _apply_batch(self, records: list[Any]) -> None:
+        data = self._data
+        for r in records:
+            if not isinstance(r, dict):
+                continue  # not a ResourceStore record; tolerate foreign writers
+            op = r.get("op")
+            if op == "put":
+                data[r.get("key")] = r.get("value")
+            elif op == "del":
+                data.pop(r.get("key"), None)
+
+    def _enumerate(self, emit: Callable[[Any], None]) -> None:
+        with self._lock:
+            keys = list(self._data)
+        for key in keys:
+            # Per key, under the same lock as updates: a value emitted here is never older
+            # than an update to the same key already in the log.
+            with self._lock:
+                if key in self._data:
+                    emit({"op": "put", "key": key, "value": self._data[key]})
+
+    # -- the mapping --------------------------------------------------------------------
+
+    @property
+    def log(self) -> Log:
+        if self._log is None:
+            raise RuntimeError("ResourceStore is not open; use ResourceStore.open(url)")
+        return self._log
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self.log.update({"op": "put", "key": key, "value": value})
+            self._data[key] = value
+
+    def __delitem__(self, key: Any) -> None:
+        with self._lock:
+            if key not in self._data:
+                raise KeyError(key)
+            self.log.update({"op": "del", "key": key})
+            del self._data[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        with self._lock:
+            return iter(list(self._data))
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def items(self) -> Any:
+        with self._lock:
+            return list(self._data.items())
+
+    def to_dict(self) -> dict[Any, Any]:
+        """A copy of the current contents."""
+        with self._lock:
+            return dict(self._data)
+
+    def sync(self) -> None:
+        """Make every change so far durable."""
+        self.log.sync()
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+    def __enter__(self) -> ResourceStore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,396 @@
+"""The Log: appending records, batching, group commit, failure state and closing.
+
+Two locks split the work. ``_lock`` guards the in-memory batch under construction and the
+LSN counter; ``update()`` holds it for an append and nothing more. ``_io_lock`` serialises
+everything that touches storage, so batches reach each destination in LSN order. A thread
+that needs its record written (``flush``/``fsync`` modes, ``sync=True``, or a full batch)
+takes ``_io_lock``; whoever holds it writes *all* records appended so far in one batch and,
+if asked, one fsync. Threads that queued behind it find their record already covered and
+return: that is the group commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import cbor2
+
+from destinations import Destination, LockHeld, WriterLock
+
+from . import _encoder
+from . import _format as F
+from ._codec import Codec, encode_error
+from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
+from ._segment_writer import ObjectSegments, SegmentWriter, segment_writer
+
+log = logging.getLogger("persistlog")
+
+DURABILITY_MODES = ("buffered", "flush", "fsync")
+COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class _Settings:
+    """Validated options of one Log."""
+
+    def __init__(
+        self,
+        *,
+        durability: str,
+        batch_bytes: int,
+        batch_records: int,
+        segment_bytes: int,
+        flush_interval: float | None,
+        compression: str | None,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be None, 'gzip' or 'zstd', not {compression!r}")
+        if compression == "zstd":
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                raise ImportError("compression='zstd' needs the zstd extra: pip install 'persistlog[zstd]'") from None
+        for name, value, low in (
+            ("batch_bytes", batch_bytes, 1),
+            ("batch_records", batch_records, 1),
+            ("segment_bytes", segment_bytes, 4096),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+        if batch_bytes > F.MAX_BATCH_BYTES // 2:
+            raise ValueError(f"batch_bytes must be at most {F.MAX_BATCH_BYTES // 2}")
+        if flush_interval is not None and (not isinstance(flush_interval, (int, float)) or flush_interval <= 0):
+            raise ValueError(f"flush_interval must be a positive number of seconds or None, not {flush_interval!r}")
+        self.durability = durability
+        self.batch_bytes = batch_bytes
+        self.batch_records = batch_records
+        self.segment_bytes = segment_bytes
+        self.flush_interval = flush_interval
+        self.compression = COMPRESSIONS[compression]
+        self.compression_name = compression
+
+
+class LogCore:
+    """The write path of a Log at its primary destination (rotation lives in ``_rotation``)."""
+
+    def __init__(
+        self,
+        dest: Destination,
+        settings: _Settings,
+        codec: Codec,
+        metadata: Any,
+    ) -> None:
+        self.dest = dest
+        self.settings = settings
+        self.codec = codec
+        self.metadata = metadata
+        self.writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._encode = codec.encode
+        self._lock = threading.Lock()
+        self._io_lock = threading.RLock()
+        self._buf: list[bytes] = []
+        self._snap: list[int] = []
+        self._buf_bytes = 0
+        self._batch_bytes = settings.batch_bytes
+        self._batch_records = settings.batch_records
+        self._next_lsn = F.FIRST_LSN
+        self._written_lsn = F.FIRST_LSN
+        self._durable_lsn = F.FIRST_LSN
+        self._sw: SegmentWriter | None = None
+        self.seq = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._sync_each = settings.durability == "fsync"
+        self._flush_each = settings.durability == "flush"
+        self._lock_handle: WriterLock | None = None
+        # Figures for stats() and rotation triggers.
+        self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
+        self._log_update_records = 0
+        self._after_batch: Callable[[], None] = lambda: None
+        self._on_batch: list[Callable[[bytes, int, int], None]] = []
+
+    # -- opening ------------------------------------------------------------------------
+
+    def _acquire(self, ttl: float) -> None:
+        try:
+            self.dest.ensure()
+            self._lock_handle = self.dest.lock(self.writer_id, ttl)
+        except LockHeld as e:
+            holder = f" (held by {e.holder})" if e.holder else ""
+            raise WriterConflict(f"another writer is using {self.dest.url}{holder}: {e}") from e
+        except OSError as e:
+            raise DestinationError(f"cannot open {self.dest.url} for writing: {e}") from e
+
+    def _renew_lock(self) -> None:
+        if self._lock_handle is None:
+            return
+        try:
+            self._lock_handle.renew()
+        except LockHeld as e:
+            self._fail(WriterConflict(f"lost the writer lease on {self.dest.url}: {e}"))
+        except OSError as e:
+            log.warning("renewing the writer lease on %s failed: %s", self.dest.url, e)
+
+    def _release(self) -> None:
+        if self._lock_handle is not None:
+            try:
+                self._lock_handle.release()
+            except OSError as e:
+                log.warning("releasing the writer lock on %s failed: %s", self.dest.url, e)
+            self._lock_handle = None
+
+    def _set_position(self, next_lsn: int, last_seq: int) -> None:
+        self._next_lsn = self._written_lsn = self._durable_lsn = next_lsn
+        self.seq = last_seq
+
+    # -- appending ----------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise LogFailedError(f"the log at {self.dest.url} failed earlier: {self._failed}") from self._failed
+        if self._closed:
+            raise LogClosedError(f"the log at {self.dest.url} is closed")
+
+    def update(self, record: Any, sync: bool = False) -> int:
+        try:
+            data = self._encode(record)
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
+            raise encode_error(e) from None
+        if len(data) > F.MAX_RECORD_BYTES:
+            raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
+        with self._lock:
+            if self._failed is not None or self._closed:
+                self._check()
+            self._buf.append(data)
+            self._buf_bytes += len(data)
+            lsn = self._next_lsn
+            self._next_lsn = lsn + 1
+            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
+        if sync or self._sync_each:
+            self._commit(lsn, durable=True)
+        elif self._flush_each or full:
+            self._commit(lsn, durable=False)
+        return lsn
+
+    def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
+        """Append several records; all are encoded before any is appended."""
+        encode = self._encode
+        try:
+            encoded = [encode(r) for r in records]
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
+            raise encode_error(e) from None
+        if not encoded:
+            with self._lock:
+                self._check()
+                return self._next_lsn - 1
+        for data in encoded:
+            if len(data) > F.MAX_RECORD_BYTES:
+                raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
+        with self._lock:
+            self._check()
+            self._buf.extend(encoded)
+            self._buf_bytes += sum(map(len, encoded))
+            self._next_lsn += len(encoded)
+            lsn = self._next_lsn - 1
+            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
+        if sync or self._sync_each:
+            self._commit(lsn, durable=True)
+        elif self._flush_each or full:
+            self._commit(lsn, durable=False)
+        return lsn
+
+    def _emit(self, record: Any) -> None:
+        """Append a snapshot record (from the enumerate callback)."""
+        try:
+            data = self._encode(record)
+        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
+            raise encode_error(e) from None
+        if len(data) > F.MAX_RECORD_BYTES:
+            raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
+        with self._lock:
+            self._check()
+            self._snap.append(len(self._buf))
+            self._buf.append(data)
+            self._buf_bytes += len(data)
+            self._next_lsn += 1
+            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
+        if full:
+            self._commit(self._next_lsn - 1, durable=False)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _commit(self, lsn: int, durable: bool) -> None:
+        """Return once the record at ``lsn`` is written (and durable if asked)."""
+        if (self._durable_lsn if durable else self._written_lsn) > lsn:
+            return
+        with self._io_lock:
+            if (self._durable_lsn if durable else self._written_lsn) > lsn:
+                return
+            self._check()
+            self._write_pending()
+            if durable:
+                self._sync_primary()
+
+    def _write_pending(self, flush: bool = True) -> None:
+        """Frame every appended record into one batch and hand it over. Holds ``_io_lock``."""
+        with self._lock:
+            if not self._buf:
+                if flush and self._sw is not None and self._failed is None:
+                    self._guarded(self._sw.flush)
+                return
+            records, snaps = self._buf, self._snap
+            end = self._next_lsn
+            self._buf, self._snap, self._buf_bytes = [], [], 0
+        first = end - len(records)
+        data = _encoder.record_batch(records, snaps, first, now_us(), self.settings.compression)
+        self._append(data, first, end, flush)
+        n_snap = len(snaps)
+        c = self._counts
+        c["updates"] += len(records) - n_snap
+        c["snapshot_records"] += n_snap
+        self._log_update_records += len(records) - n_snap
+
+    def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
+        sw = self._sw
+        assert sw is not None
+
+        def write() -> None:
+            sw.append(data, first, end)
+            if flush and (not isinstance(sw, ObjectSegments) or sw.pending_bytes >= self.settings.segment_bytes):
+                sw.flush()
+
+        self._guarded(write)
+        self._written_lsn = end
+        c = self._counts
+        c["batches"] += 1
+        c["bytes"] += len(data)
+        for feed in self._on_batch:
+            feed(data, first, end)
+        self._after_batch()
+
+    def _append_control(self, record: dict[str, Any]) -> None:
+        """Write a control batch at the current position. Holds ``_io_lock``."""
+        self._write_pending(flush=False)
+        pos = self._written_lsn
+        self._append(_encoder.control_batch([record], pos, now_us()), pos, pos)
+
+    def _sync_primary(self) -> None:
+        sw = self._sw
+        assert sw is not None
+        self._guarded(sw.sync)
+        self._durable_lsn = self._written_lsn
+        self._counts["syncs"] += 1
+
+    def _guarded(self, op: Callable[[], None]) -> None:
+        try:
+            op()
+        except BaseException as e:
+            self._fail(e)
+            raise LogFailedError(f"writing to {self.dest.url} failed: {e}") from e
+
+    def _fail(self, e: BaseException) -> None:
+        if self._failed is None:
+            self._failed = e
+            log.error("log at %s failed and refuses further writes: %s", self.dest.url, e)
+
+    # -- log generations ----------------------------------------------------------------
+
+    def _start_log(self, seq: int) -> SegmentWriter:
+        """Create log ``seq`` durably and make it the target of every later batch.
+
+        Holds ``_io_lock`` throughout: what was appended before is written (and synced) to
+        the old log first, so the old log is complete before its successor exists.
+        """
+        with self._io_lock:
+            self._check()
+            old = self._sw
+            if old is not None:
+                self._write_pending(flush=False)
+                self._sync_primary()
+            first = self._written_lsn
+            header = {
+                "t": F.CONTROL_HEADER,
+                "v": F.FORMAT_VERSION,
+                "seq": seq,
+                "first_lsn": first,
+                "writer": self.writer_id,
+                "created": now_us(),
+                "metadata": self.metadata,
+            }
+            sw = segment_writer(self.dest, seq, self.settings.segment_bytes)
+            batch = _encoder.control_batch([header], first, now_us())
+            try:
+                sw.start(first, batch)
+            except FileExistsError as e:
+                self._fail(WriterConflict(f"log {seq} already exists at {self.dest.url}: another writer?"))
+                raise WriterConflict(f"log {seq} already exists at {self.dest.url}: another writer?") from e
+            except BaseException as e:
+                self._fail(e)
+                raise LogFailedError(f"creating log {seq} at {self.dest.url} failed: {e}") from e
+            self._sw = sw
+            self.seq = seq
+            self._log_update_records = 0
+            if old is not None:
+                self._seal(old, first)
+            return sw
+
+    def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
+        record = {"t": F.CONTROL_SEAL, "next_lsn": next_lsn}
+        self._guarded(lambda: sw.seal(_encoder.control_batch([record], next_lsn, now_us())))
+
+    def close(self) -> None:
+        """Write what is pending and seal the current log."""
+        with self._io_lock:
+            if self._closed:
+                return
+            try:
+                if self._failed is None and self._sw is not None:
+                    self._write_pending(flush=False)
+                    self._seal(self._sw, self._written_lsn)
+                    self._durable_lsn = self._written_lsn
+            finally:
+                self._closed = True
+                if self._sw is not None:
+                    try:
+                        self._sw.close()
+                    except OSError:
+                        pass
+                self._release()
+
+    @property
+    def _current_writer(self) -> SegmentWriter | None:
+        return self._sw
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def next_lsn(self) -> int:
+        return self._next_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        return self._durable_lsn - 1
+
+    def _has_pending(self) -> bool:
+        return bool(self._buf)
+
+
+__all__ = ["LogCore", "PersistLogError"]
