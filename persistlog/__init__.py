@@ -24,6 +24,7 @@ from ._errors import (
     ResetRequired,
     WriterConflict,
 )
+from ._follower import Cursor, FollowedBatch, Follower, Lag, follow
 from ._format import FORMAT_VERSION
 from ._log import Log, open
 from ._reader import TornTail
@@ -34,8 +35,12 @@ __all__ = [
     "FORMAT_VERSION",
     "Codec",
     "CorruptLogError",
+    "Cursor",
     "DestinationError",
     "EnumerateError",
+    "FollowedBatch",
+    "Follower",
+    "Lag",
     "Log",
     "LogClosedError",
     "LogFailedError",
@@ -46,6 +51,7 @@ __all__ = [
     "RestoreResult",
     "TornTail",
     "WriterConflict",
+    "follow",
     "open",
     "restore",
 ]

@@ -17,6 +17,7 @@ from ._codec import Codec
 from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
 from ._errors import DestinationError, LogClosedError, PersistLogError
 from ._reader import LogScanner, list_logs, read_pointer
+from ._replicas import Replica
 from ._rotation import EnumerateAll, Rotator
 from ._writer import LogCore, _Settings
 
@@ -107,6 +108,52 @@ class Log(LogCore):
             self._write_pending()
             self._sync_primary()
 
+    def add_destination(
+        self,
+        url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        wait: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        """Attach a secondary destination and rotate so that it holds a complete log.
+
+        Returns once that log is complete at the newcomer (``wait=True``). Every later
+        record goes to it too, through its own writer thread and bounded queue.
+        """
+        self._check()
+        if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
+            raise ValueError(f"{url} is already a destination of this log")
+        replica = self._make_replica(url, storage_options)
+        with self._io_lock:
+            self._replicas.append(replica)
+        seq = self.rotate(wait=wait, timeout=timeout)
+        if wait and seq is not None and not replica.wait_complete(seq, timeout):
+            raise DestinationError(f"secondary {url} did not complete log {seq}: {replica.error!r}") from replica.error
+
+    def remove_destination(self, url: str) -> None:
+        """Detach a secondary destination (its current log is sealed and left in place)."""
+        with self._io_lock:
+            for replica in self._replicas:
+                if replica.dest.url == url:
+                    self._replicas.remove(replica)
+                    break
+            else:
+                raise ValueError(f"{url} is not a secondary destination of this log")
+        replica.close(seal=True)
+
+    def _make_replica(self, url: str, storage_options: dict[str, Any] | None) -> Replica:
+        dest = _destination(url, storage_options)
+        replica = Replica(
+            dest,
+            writer_id=self.writer_id,
+            segment_bytes=self.settings.segment_bytes,
+            retain=self._rotator.retain,
+            flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
+        )
+        replica.attach()
+        return replica
+
     def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
         """Start a new log now; returns its seq once complete (``wait=True``).
 
@@ -161,7 +208,8 @@ class Log(LogCore):
                     "healthy": self._failed is None,
                     "error": repr(self._failed) if self._failed else None,
                 }
-            ],
+            ]
+            + [r.stats() for r in list(self._replicas)],
         }
 
     def close(self) -> None:
@@ -219,6 +267,10 @@ class Log(LogCore):
         self._ticker = threading.Thread(target=tick, name="persistlog-flush", daemon=True)
         self._ticker.start()
 
+    def _on_complete(self, seq: int) -> None:
+        for replica in list(self._replicas):
+            replica.complete(seq)
+
     def _sw_pending(self) -> bool:
         sw = self._current_writer
         return bool(sw is not None and getattr(sw, "_pending", None))
@@ -254,6 +306,7 @@ def open(
     storage_options: dict[str, Any] | None = None,
     compression: str | None = None,
     on_error: Callable[[BaseException], None] | None = None,
+    secondaries: list[str | tuple[str, dict[str, Any]]] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     batch_records: int = DEFAULT_BATCH_RECORDS,
@@ -271,7 +324,9 @@ def open(
     ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
     ``rotate_on_signal`` (e.g. ``signal.SIGUSR1``; main thread only). ``retain`` complete
     logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
-    ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch).
+    ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
+    more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
+    through their own writer threads; ``storage_options`` apply to the primary.
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -313,7 +368,15 @@ def open(
             retain=retain,
             on_error=on_error,
             known_complete=known,
+            on_complete=lg._on_complete,
         )
+        for entry in secondaries or []:
+            if isinstance(entry, str):
+                lg._replicas.append(lg._make_replica(entry, None))
+            elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str):
+                lg._replicas.append(lg._make_replica(entry[0], entry[1]))
+            else:
+                raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
         lg._after_batch = lg._rotator.check_triggers
         interval = flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL
         renew = None if dest.appendable else LEASE_TTL / 3

@@ -194,6 +194,7 @@ class LogScanner:
         expect_first_lsn: int | None = None,
         start: tuple[int, int, int] | None = None,
         tail_ok: bool = False,
+        more_segments: bool = False,
     ) -> None:
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
@@ -204,6 +205,9 @@ class LogScanner:
         self.expect_first_lsn = expect_first_lsn
         self.start = start  # (segment number, offset, next LSN) to resume from
         self.tail_ok = tail_ok
+        # True when the caller knows a later segment exists beyond those given, so that
+        # none of them may end in a torn tail.
+        self.more_segments = more_segments
         self.state = LogState(seq=seq, segments=segments)
 
     # -- errors -------------------------------------------------------------------------
@@ -245,7 +249,9 @@ class LogScanner:
                 raise self._read_error(name, e) from e
             seg = _SegmentBytes(self.dest, name, size)
             try:
-                yield from self._scan_segment(seg, number, index == last_index, resume, next_lsn)
+                yield from self._scan_segment(
+                    seg, number, index == last_index and not self.more_segments, resume, next_lsn
+                )
             except FileNotFoundError:
                 raise
             except OSError as e:

@@ -78,7 +78,7 @@ def plan(dest: Destination) -> ReplayPlan:
 
 
 def scan_from(
-    dest: Destination, p: ReplayPlan, *, recovery: str = "strict"
+    dest: Destination, p: ReplayPlan, *, recovery: str = "strict", tail_ok: bool = False
 ) -> Iterator[tuple[LogScanner, Batch]]:
     """Every batch from the plan's start log onward, with the seq and LSN chain checked."""
     assert p.start is not None
@@ -91,7 +91,10 @@ def scan_from(
                 destination=dest.url,
                 log=seqs[i - 1] + 1,
             )
-        scanner = LogScanner(dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect)
+        scanner = LogScanner(
+            dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect,
+            tail_ok=tail_ok and i == len(seqs) - 1,
+        )
         for batch in scanner:
             yield scanner, batch
         st = scanner.state

@@ -28,6 +28,7 @@ from . import _encoder
 from . import _format as F
 from ._codec import Codec, encode_error
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
+from ._replicas import Replica
 from ._segment_writer import ObjectSegments, SegmentWriter, segment_writer
 
 log = logging.getLogger("persistlog")
@@ -119,7 +120,7 @@ class LogCore:
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
         self._log_update_records = 0
         self._after_batch: Callable[[], None] = lambda: None
-        self._on_batch: list[Callable[[bytes, int, int], None]] = []
+        self._replicas: list[Replica] = []
 
     # -- opening ------------------------------------------------------------------------
 
@@ -276,8 +277,8 @@ class LogCore:
         c = self._counts
         c["batches"] += 1
         c["bytes"] += len(data)
-        for feed in self._on_batch:
-            feed(data, first, end)
+        for replica in self._replicas:
+            replica.batch(data, first, end)
         self._after_batch()
 
     def _append_control(self, record: dict[str, Any]) -> None:
@@ -344,6 +345,10 @@ class LogCore:
             self._log_update_records = 0
             if old is not None:
                 self._seal(old, first)
+            for replica in self._replicas:
+                if old is not None:
+                    replica.seal()
+                replica.start(seq, first, batch)
             return sw
 
     def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
@@ -362,6 +367,8 @@ class LogCore:
                     self._durable_lsn = self._written_lsn
             finally:
                 self._closed = True
+                for replica in self._replicas:
+                    replica.close(seal=self._failed is None)
                 if self._sw is not None:
                     try:
                         self._sw.close()

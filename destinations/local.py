@@ -1,0 +1,359 @@
+"""The local-filesystem driver: true append, fsync, directory fsync and an OS lock file.
+
+Plain ``os`` calls, no fsspec: every durability step is explicit here.
+
+* :meth:`LocalDestination.create` writes a temporary file in the same directory, fsyncs it,
+  hard-links it to the final name (``link`` fails atomically when the name exists, which
+  makes the create create-only), removes the temporary name and fsyncs the directory.
+* :meth:`LocalDestination.replace` is temp + fsync + ``os.replace`` + directory fsync.
+* :meth:`LocalDestination.open_append` appends with ``O_APPEND``; ``sync`` is ``fdatasync``.
+* :meth:`LocalDestination.lock` takes ``flock(LOCK_EX | LOCK_NB)`` on a ``LOCK`` file.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+from ._base import AppendFile, Destination, LockHeld, WriterLock
+from ._names import check_name, is_temp_name, temp_name
+from ._owner import describe_holder, owner_record
+from ._registry import split_protocol
+
+logger = logging.getLogger(__name__)
+
+#: Name of the lock file inside a local destination.
+LOCK_NAME = "LOCK"
+
+# Appends smaller than this are gathered in user space until flush(); bigger ones go
+# straight to the OS. The core writes whole batches, so this mainly saves syscalls for
+# tiny batches in buffered mode.
+_BUFFER_LIMIT = 64 * 1024
+
+_FILE_MODE = 0o644
+
+# Filesystems without hard links (some FUSE/SMB mounts) answer link() with these.
+_NO_LINK_ERRNOS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK}
+
+
+def fsync_dir(path: str) -> None:
+    """Make the directory entries of ``path`` durable (after create, rename or unlink)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def path_from_url(url: str) -> str:
+    """The absolute directory path of a plain path or a ``file://``/``local://`` URL."""
+    _, path = split_protocol(url)
+    if not path:
+        raise ValueError(f"empty local destination path in {url!r}")
+    path = os.path.abspath(os.path.expanduser(path))
+    # "/" itself stays "/", every other directory loses trailing separators.
+    return path.rstrip(os.sep) or os.sep
+
+
+class LocalDestination(Destination):
+    """A directory on a local (or network-mounted, POSIX) filesystem.
+
+    ``storage_options`` are accepted for uniformity with fsspec drivers but unused: this
+    driver calls ``os`` directly.
+    """
+
+    appendable = True
+    default_flush_interval = 0.0
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        super().__init__(url, storage_options)
+        if self.storage_options:
+            logger.warning("%s ignores storage options %s", self, sorted(self.storage_options))
+        self.path = path_from_url(url)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from (url, options) in another process; never carries open handles.
+        return (type(self), (self.url, self.storage_options))
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, check_name(name))
+
+    def ensure(self) -> None:
+        """Create the directory and missing parents, making each new entry durable."""
+        missing: list[str] = []
+        path = self.path
+        while not os.path.isdir(path):
+            missing.append(path)
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        if not missing:
+            return
+        os.makedirs(self.path, exist_ok=True)
+        # A new directory is durable only once its parent's entry is.
+        for created in reversed(missing):
+            fsync_dir(os.path.dirname(created) or os.sep)
+
+    def exists(self) -> bool:
+        return os.path.isdir(self.path)
+
+    def list(self, start_after: str | None = None) -> list[str]:
+        try:
+            entries = list(os.scandir(self.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = sorted(
+            e.name for e in entries if not is_temp_name(e.name) and e.is_file(follow_symlinks=True)
+        )
+        if start_after is not None:
+            names = [n for n in names if n > start_after]
+        return names
+
+    def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        if offset < 0 or (length is not None and length < 0):
+            raise ValueError(f"bad range: offset={offset} length={length}")
+        with open(self._file(name), "rb") as f:
+            if offset:
+                f.seek(offset)
+            return f.read() if length is None else f.read(length)
+
+    def size(self, name: str) -> int:
+        return os.stat(self._file(name)).st_size
+
+    def create(self, name: str, data: bytes) -> None:
+        final = self._file(name)
+        tmp = self._write_temp(name, data)
+        try:
+            try:
+                os.link(tmp, final)
+            except OSError as e:
+                if isinstance(e, FileExistsError) or e.errno not in _NO_LINK_ERRNOS:
+                    raise
+                self._create_without_link(final, data)
+        finally:
+            _unlink_quietly(tmp)
+        fsync_dir(self.path)
+
+    def _create_without_link(self, final: str, data: bytes) -> None:
+        # No hard links here: O_EXCL keeps the create create-only, but a reader may see
+        # the file before its bytes are complete (the core tolerates a torn tail).
+        logger.debug("%s: no hard links, creating %s with O_EXCL", self, final)
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def replace(self, name: str, data: bytes) -> None:
+        final = self._file(name)
+        tmp = self._write_temp(name, data)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        fsync_dir(self.path)
+
+    def _write_temp(self, name: str, data: bytes) -> str:
+        tmp = os.path.join(self.path, temp_name(name))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def delete(self, name: str) -> None:
+        try:
+            os.unlink(self._file(name))
+        except FileNotFoundError:
+            return
+        fsync_dir(self.path)
+
+    def open_append(self, name: str) -> AppendFile:
+        """Open the existing file ``name`` for appending; ``FileNotFoundError`` if missing."""
+        path = self._file(name)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        return LocalAppendFile(fd, path)
+
+    def lock(self, owner: str, ttl: float = 30.0) -> WriterLock:
+        """Take the destination's ``LOCK`` file with ``flock(LOCK_EX | LOCK_NB)``.
+
+        The OS releases the lock when the holder's process dies (even by SIGKILL), so a
+        stale lock recovers by itself; ``ttl`` is unused. The lock belongs to the open file,
+        so a second ``lock()`` in the same process conflicts too. The file's descriptor is
+        not inherited across ``exec``; a child made by a bare ``fork`` shares it.
+        """
+        self.ensure()
+        path = os.path.join(self.path, LOCK_NAME)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise LockHeld(
+                f"{self.url} is locked by another writer: {holder or 'unknown holder'}", holder
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            info = json.dumps(owner_record(owner), sort_keys=True).encode() + b"\n"
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        logger.debug("%s: lock taken by %s", self, owner)
+        return LocalLock(fd, path)
+
+
+class LocalAppendFile(AppendFile):
+    """An ``O_APPEND`` file descriptor with a small user-space buffer.
+
+    After a failed write or sync the handle is broken: every later call raises, because the
+    bytes on disk no longer match what the caller believes it wrote (and a failed
+    ``fdatasync`` may have dropped dirty pages that a retry would not report).
+    """
+
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd = fd
+        self._path = path
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"LocalAppendFile({self._path!r})"
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self._path} is closed")
+        if self._error is not None:
+            raise OSError(
+                errno.EIO, f"{self._path} failed earlier and accepts no more writes"
+            ) from self._error
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            self._check()
+            if len(self._buffer) + len(data) < _BUFFER_LIMIT:
+                self._buffer += data
+                return
+            self._drain()
+            if len(data) < _BUFFER_LIMIT:
+                self._buffer += data
+            else:
+                self._write_through(data)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._check()
+            self._drain()
+
+    def sync(self) -> None:
+        with self._lock:
+            self._check()
+            self._drain()
+            try:
+                os.fdatasync(self._fd)
+            except BaseException as e:
+                self._error = e
+                raise
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self._path} is closed")
+            # fstat, not a position: with O_APPEND the offset says nothing about the size.
+            return os.fstat(self._fd).st_size + len(self._buffer)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if self._error is None:
+                    self._drain()
+            finally:
+                self._closed = True
+                os.close(self._fd)
+
+    def _drain(self) -> None:
+        if self._buffer:
+            data = bytes(self._buffer)
+            self._buffer.clear()
+            self._write_through(data)
+
+    def _write_through(self, data: bytes) -> None:
+        try:
+            _write_all(self._fd, data)
+        except BaseException as e:
+            self._error = e
+            raise
+
+
+class LocalLock(WriterLock):
+    """An ``flock`` held on the destination's ``LOCK`` file."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd: int | None = fd
+        self._path = path
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"LocalLock({self._path!r}, held={self._fd is not None})"
+
+    def renew(self) -> None:
+        # An flock cannot be lost while the descriptor is open; only a release ends it.
+        with self._mutex:
+            if self._fd is None:
+                raise LockHeld(f"{self._path} was released", "")
+
+    def release(self) -> None:
+        with self._mutex:
+            fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            # Still holding the flock: clear the owner so nobody reads a stale name.
+            os.ftruncate(fd, 0)
+        except OSError as e:
+            logger.debug("clearing %s failed: %s", self._path, e)
+        finally:
+            os.close(fd)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        return describe_holder(os.pread(fd, 4096, 0))
+    except OSError:
+        return ""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

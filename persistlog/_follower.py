@@ -1,0 +1,378 @@
+"""Followers: replicas that tail a log, resumably.
+
+A follower first restores (or resumes from a cursor), then polls for what is new:
+
+* the growing segment of a local log: its size, and new batches from the cursor's offset
+  (never re-reading from the start);
+* new segments and new logs: one incremental listing after the cursor's segment name,
+  which on object stores is a single ``ListObjectsV2`` with ``StartAfter``.
+
+An idle poll therefore costs one size check and one small listing, and the follower sleeps
+``poll_interval`` between polls. A torn-looking end of the live segment is a write in
+progress and is waited on; once a later segment or log exists it is final, and is
+dropped as restore would drop it. Followers never write to the destination.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from types import TracebackType
+from typing import Any
+
+from destinations import Destination, open_destination
+
+from . import _format as F
+from ._codec import Codec
+from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
+from ._reader import Batch, LogScanner
+from ._restore import plan, scan_from
+
+log = logging.getLogger("persistlog")
+
+DEFAULT_POLL_INTERVAL = 0.01
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where a follower stands: the next byte to read and the LSN it will carry.
+
+    ``str(cursor)`` / :meth:`Cursor.parse` and :meth:`to_dict` / :meth:`from_dict` give a
+    small serialisable form the app can persist next to its replica state.
+    """
+
+    log: int
+    segment: int
+    offset: int
+    next_lsn: int
+
+    def __str__(self) -> str:
+        return f"{self.log}:{self.segment}:{self.offset}:{self.next_lsn}"
+
+    @classmethod
+    def parse(cls, value: str) -> Cursor:
+        try:
+            parts = [int(p) for p in value.split(":")]
+            if len(parts) != 4 or min(parts) < 0:
+                raise ValueError
+        except (ValueError, AttributeError):
+            raise ValueError(f"not a persistlog cursor: {value!r} (expected 'log:segment:offset:next_lsn')") from None
+        return cls(*parts)
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Cursor:
+        try:
+            return cls(int(value["log"]), int(value["segment"]), int(value["offset"]), int(value["next_lsn"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"not a persistlog cursor: {value!r}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+
+@dataclass(frozen=True)
+class FollowedBatch:
+    """One batch a follower applied: its records and the cursor just after it."""
+
+    records: list[Any]
+    first_lsn: int
+    last_lsn: int
+    commit_time: float
+    cursor: Cursor
+
+
+@dataclass(frozen=True)
+class Lag:
+    """How far behind the newest durable record this follower has seen."""
+
+    records: int
+    seconds: float
+
+
+def _as_cursor(value: Cursor | str | dict[str, Any] | None) -> Cursor | None:
+    if value is None or isinstance(value, Cursor):
+        return value
+    if isinstance(value, str):
+        return Cursor.parse(value)
+    if isinstance(value, dict):
+        return Cursor.from_dict(value)
+    raise TypeError(f"cursor must be a Cursor, its str() or its to_dict(), not {type(value).__name__}")
+
+
+class Follower:
+    """Tails the log at a destination; build it with :func:`persistlog.follow`.
+
+    Use it as a background thread (``start()``/``stop()`` or ``with``), or iterate it to
+    drive your own loop: each item is a :class:`FollowedBatch` (already passed to
+    ``replay``/``replay_batch`` if given), and iteration blocks until more arrives.
+    """
+
+    def __init__(
+        self,
+        dest: Destination,
+        replay: Callable[[Any], Any] | None,
+        replay_batch: Callable[[list[Any]], Any] | None,
+        *,
+        cursor: Cursor | None,
+        poll_interval: float,
+        on_reset: Callable[[], Any] | None,
+        codec: Codec,
+        recovery: str,
+    ) -> None:
+        self.dest = dest
+        self._replay = replay
+        self._replay_batch = replay_batch
+        self._cursor = cursor
+        self.poll_interval = poll_interval
+        self._on_reset = on_reset
+        self._loads = codec.loads
+        self._recovery = recovery
+        self._sealed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.applied_records = 0
+        self.resets = 0
+        self.polls = 0
+        self._seen_lsn = 0
+        self._seen_commit_us = 0
+        self._applied_commit_us = 0
+        self._caught_up = threading.Event()
+
+    # -- public -------------------------------------------------------------------------
+
+    @property
+    def cursor(self) -> Cursor | None:
+        """The position after the last applied record (None before anything was read)."""
+        return self._cursor
+
+    @property
+    def error(self) -> BaseException | None:
+        """What stopped the background thread, if anything."""
+        return self._error
+
+    def lag(self) -> Lag:
+        applied = (self._cursor.next_lsn - 1) if self._cursor else 0
+        records = max(0, self._seen_lsn - applied)
+        seconds = max(0.0, (self._seen_commit_us - self._applied_commit_us) / 1e6) if records else 0.0
+        return Lag(records, seconds)
+
+    def poll(self) -> int:
+        """Apply whatever is new right now; returns the number of records applied."""
+        n = 0
+        for fb in self._poll_once():
+            n += len(fb.records)
+        return n
+
+    def wait_caught_up(self, timeout: float | None = None) -> bool:
+        """Block until a poll found nothing new (background mode)."""
+        return self._caught_up.wait(timeout)
+
+    def start(self) -> Follower:
+        """Follow on a background thread."""
+        if self._thread is not None:
+            raise RuntimeError("follower already started")
+        self._thread = threading.Thread(target=self._run, name=f"persistlog-follow {self.dest.url}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop following; the cursor stays valid for a later resume."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self.dest.close()
+
+    def __enter__(self) -> Follower:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[FollowedBatch]:
+        while not self._stop.is_set():
+            got = False
+            for fb in self._poll_once():
+                got = True
+                yield fb
+            if not got:
+                self._caught_up.set()
+                self._stop.wait(self.poll_interval)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            for _ in self:
+                pass
+        except BaseException as e:
+            self._error = e
+            log.error("follower of %s stopped: %s", self.dest.url, e)
+            self._caught_up.set()
+
+    def _apply(self, batch: Batch, next_lsn: int) -> FollowedBatch:
+        records = batch.records(self._loads)
+        if self._replay_batch is not None:
+            self._replay_batch(records)
+        elif self._replay is not None:
+            for r in records:
+                self._replay(r)
+        self.applied_records += len(records)
+        commit = batch.header.commit_us
+        self._applied_commit_us = commit
+        if next_lsn - 1 > self._seen_lsn:
+            self._seen_lsn = next_lsn - 1
+            self._seen_commit_us = commit
+        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, self._cursor)  # type: ignore[arg-type]
+
+    def _poll_once(self) -> Iterator[FollowedBatch]:
+        self.polls += 1
+        try:
+            if self._cursor is None:
+                yield from self._sync_from_start()
+            else:
+                yield from self._tail()
+        except FileNotFoundError as e:
+            if isinstance(e, PersistLogError):
+                raise
+            yield from self._reset(f"a file the cursor needs is gone ({e})")
+        except OSError as e:
+            if isinstance(e, PersistLogError):
+                raise
+            raise DestinationError(f"reading {self.dest.url} failed: {e}") from e
+
+    def _sync_from_start(self) -> Iterator[FollowedBatch]:
+        p = plan(self.dest)
+        if p.start is None:
+            return
+        for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=True):
+            st = scanner.state
+            self._sealed = st.sealed
+            self._cursor = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+            if not batch.is_control:
+                yield self._apply(batch, st.next_lsn or batch.first_lsn)
+
+    def _reset(self, why: str) -> Iterator[FollowedBatch]:
+        if self._on_reset is None:
+            raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
+        log.warning("follower of %s resets: %s", self.dest.url, why)
+        self.resets += 1
+        self._on_reset()
+        self._cursor = None
+        self._sealed = False
+        yield from self._sync_from_start()
+
+    def _tail(self) -> Iterator[FollowedBatch]:
+        cur = self._cursor
+        assert cur is not None
+        name = F.segment_name(cur.log, cur.segment)
+        later = [n for n in self.dest.list(start_after=name) if F.parse_segment_name(n) is not None]
+        if cur.offset == 0 or (self.dest.appendable and not self._sealed):
+            # A missing segment raises FileNotFoundError, which resets (see _poll_once).
+            size = self.dest.size(name)
+            if cur.offset > size:
+                yield from self._reset(f"the cursor is past the end of {name} ({size} bytes)")
+                return
+            if size > cur.offset or cur.offset == 0:
+                # The segment is final once anything follows it: a torn end is then dropped.
+                yield from self._scan(cur, name, final=bool(later))
+        for n in later:
+            cur = self._cursor
+            assert cur is not None
+            parsed = F.parse_segment_name(n)
+            assert parsed is not None
+            seq, number = parsed
+            if seq == cur.log and number == cur.segment + 1 and not self._sealed:
+                nxt = Cursor(seq, number, 0, cur.next_lsn)
+            elif seq == cur.log + 1 and number == 0:
+                nxt = Cursor(seq, 0, 0, cur.next_lsn)
+                self._sealed = False
+            else:
+                raise CorruptLogError(
+                    f"expected the segment after log {cur.log} segment {cur.segment}, found {n}",
+                    destination=self.dest.url,
+                    log=seq,
+                    segment=n,
+                    offset=0,
+                )
+            self._cursor = nxt
+            yield from self._scan(nxt, n, final=n != later[-1])
+
+    def _scan(self, cur: Cursor, name: str, final: bool) -> Iterator[FollowedBatch]:
+        scanner = LogScanner(
+            self.dest,
+            cur.log,
+            [(cur.segment, name)],
+            recovery=self._recovery,
+            start=(cur.segment, cur.offset, cur.next_lsn),
+            tail_ok=not final,
+        )
+        for batch in scanner:
+            st = scanner.state
+            next_lsn = st.next_lsn if st.next_lsn is not None else cur.next_lsn
+            self._cursor = Cursor(cur.log, cur.segment, batch.end, next_lsn)
+            if next_lsn - 1 > self._seen_lsn:
+                self._seen_lsn = next_lsn - 1
+                self._seen_commit_us = batch.header.commit_us
+            if batch.is_control:
+                if st.sealed:
+                    self._sealed = True
+                continue
+            yield self._apply(batch, next_lsn)
+        st = scanner.state
+        self._sealed = self._sealed or st.sealed
+        self._cursor = Cursor(cur.log, st.position[0], st.position[1], st.next_lsn or cur.next_lsn)
+
+
+def follow(
+    url: str,
+    replay: Callable[[Any], Any] | None = None,
+    *,
+    replay_batch: Callable[[list[Any]], Any] | None = None,
+    cursor: Cursor | str | dict[str, Any] | None = None,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    on_reset: Callable[[], Any] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    codec: Codec | None = None,
+    recovery: str = "strict",
+) -> Follower:
+    """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
+    records as they arrive.
+
+    Nothing runs until you call ``start()`` (or enter ``with``), ``poll()``, or iterate.
+    If retention deleted what the cursor needs, or the cursor is ahead of the log,
+    ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the
+    newest complete log; without ``on_reset`` it raises :class:`ResetRequired`.
+    """
+    if replay is not None and replay_batch is not None:
+        raise TypeError("follow() takes replay= or replay_batch=, not both")
+    if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+        raise ValueError(f"poll_interval must be a positive number of seconds, not {poll_interval!r}")
+    if recovery not in ("strict", "skip"):
+        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
+    if storage_options is not None and not isinstance(storage_options, dict):
+        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
+    dest = open_destination(url, **(storage_options or {}))
+    return Follower(
+        dest,
+        replay,
+        replay_batch,
+        cursor=_as_cursor(cursor),
+        poll_interval=poll_interval,
+        on_reset=on_reset,
+        codec=codec or Codec(),
+        recovery=recovery,
+    )
+
+
+__all__ = ["Cursor", "FollowedBatch", "Follower", "Lag", "follow"]
