@@ -111,6 +111,10 @@ class Codec:
         self._by_name[name] = decode
         self.encode = functools.partial(cbor2.dumps, default=self._default)
 
+    def encoder(self, fp: Any) -> cbor2.CBOREncoder:
+        """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
+        return cbor2.CBOREncoder(fp, default=self._default)
+
     @property
     def names(self) -> Mapping[str, Callable[[Any], Any]]:
         """Registered names (read-only view)."""
@@ -143,10 +147,7 @@ class Codec:
 
 
 def _unloggable(value: Any) -> str:
-    return (
-        f"cannot log an object of type {type(value).__module__}.{type(value).__qualname__}: "
-        "register it with persistlog.Codec (records must be CBOR values)"
-    )
+    return f"cannot log an object of type {type(value).__module__}.{type(value).__qualname__}"
 
 
 def encode_error(exc: BaseException) -> TypeError:

@@ -45,20 +45,19 @@ def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
     return head + F.U32.pack(_crc32(head)) + stored
 
 
-def record_batch(records: Sequence[bytes], snapshots: Sequence[int], first_lsn: int,
+def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn: int,
                  commit_us: int, compression: int = F.COMPRESSION_NONE) -> bytes:
-    """A batch of already-encoded app records; ``snapshots`` lists the indexes of the
-    records that came from an enumeration (the rest are updates)."""
-    count = len(records)
+    """A batch of app records already encoded as one CBOR sequence; ``snapshots`` lists
+    the indexes of the records that came from an enumeration (the rest are updates)."""
     if not snapshots:
-        kind, payload = F.KIND_UPDATE, b"".join(records)
+        kind = F.KIND_UPDATE
     elif len(snapshots) == count:
-        kind, payload = F.KIND_SNAPSHOT, b"".join(records)
+        kind = F.KIND_SNAPSHOT
     else:
         bitmap = bytearray((count + 7) >> 3)
         for i in snapshots:
             bitmap[i >> 3] |= 1 << (i & 7)
-        kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + b"".join(records)
+        kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + payload
     return frame(payload, count, kind, first_lsn, commit_us, compression)
 
 

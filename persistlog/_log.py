@@ -26,7 +26,6 @@ log = logging.getLogger("persistlog")
 DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 DEFAULT_BATCH_BYTES = 1024 * 1024
-DEFAULT_BATCH_RECORDS = 8192
 LOCAL_FLUSH_INTERVAL = 0.1
 LEASE_TTL = 30.0
 
@@ -309,7 +308,6 @@ def open(
     secondaries: list[str | tuple[str, dict[str, Any]]] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
-    batch_records: int = DEFAULT_BATCH_RECORDS,
     flush_interval: float | None = None,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
@@ -342,7 +340,6 @@ def open(
     settings = _Settings(
         durability=durability,
         batch_bytes=batch_bytes,
-        batch_records=batch_records,
         segment_bytes=segment_bytes,
         flush_interval=flush_interval,
         compression=compression,

@@ -11,6 +11,7 @@ return: that is the group commit.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import socket
@@ -37,6 +38,13 @@ DURABILITY_MODES = ("buffered", "flush", "fsync")
 COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
 
 
+_MAX_RECORD = F.MAX_RECORD_BYTES
+
+
+def _too_large(n: int) -> ValueError:
+    return ValueError(f"record of {n} bytes exceeds the {_MAX_RECORD}-byte limit")
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -49,7 +57,6 @@ class _Settings:
         *,
         durability: str,
         batch_bytes: int,
-        batch_records: int,
         segment_bytes: int,
         flush_interval: float | None,
         compression: str | None,
@@ -65,7 +72,6 @@ class _Settings:
                 raise ImportError("compression='zstd' needs the zstd extra: pip install 'persistlog[zstd]'") from None
         for name, value, low in (
             ("batch_bytes", batch_bytes, 1),
-            ("batch_records", batch_records, 1),
             ("segment_bytes", segment_bytes, 4096),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -76,7 +82,6 @@ class _Settings:
             raise ValueError(f"flush_interval must be a positive number of seconds or None, not {flush_interval!r}")
         self.durability = durability
         self.batch_bytes = batch_bytes
-        self.batch_records = batch_records
         self.segment_bytes = segment_bytes
         self.flush_interval = flush_interval
         self.compression = COMPRESSIONS[compression]
@@ -101,11 +106,18 @@ class LogCore:
         self._encode = codec.encode
         self._lock = threading.Lock()
         self._io_lock = threading.RLock()
-        self._buf: list[bytes] = []
+        self._sync_cv = threading.Condition(threading.Lock())
+        self._syncing = False
+        # Records are encoded straight into one growing buffer (a CBOR sequence), which
+        # saves a bytes object per record; _pos is the end of the last whole record.
+        self._fp = io.BytesIO()
+        self._enc_encode = codec.encoder(self._fp).encode
+        self._tell = self._fp.tell
+        self._pos = 0
+        self._buf_first = F.FIRST_LSN
         self._snap: list[int] = []
-        self._buf_bytes = 0
         self._batch_bytes = settings.batch_bytes
-        self._batch_records = settings.batch_records
+        self._blocked = False  # failed or closed: the slow path reports which
         self._next_lsn = F.FIRST_LSN
         self._written_lsn = F.FIRST_LSN
         self._durable_lsn = F.FIRST_LSN
@@ -114,7 +126,7 @@ class LogCore:
         self._failed: BaseException | None = None
         self._closed = False
         self._sync_each = settings.durability == "fsync"
-        self._flush_each = settings.durability == "flush"
+        self._eager = settings.durability != "buffered"
         self._lock_handle: WriterLock | None = None
         # Figures for stats() and rotation triggers.
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
@@ -153,7 +165,7 @@ class LogCore:
             self._lock_handle = None
 
     def _set_position(self, next_lsn: int, last_seq: int) -> None:
-        self._next_lsn = self._written_lsn = self._durable_lsn = next_lsn
+        self._next_lsn = self._written_lsn = self._durable_lsn = self._buf_first = next_lsn
         self.seq = last_seq
 
     # -- appending ----------------------------------------------------------------------
@@ -165,103 +177,142 @@ class LogCore:
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
     def update(self, record: Any, sync: bool = False) -> int:
-        try:
-            data = self._encode(record)
-        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
-            raise encode_error(e) from None
-        if len(data) > F.MAX_RECORD_BYTES:
-            raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
+        # The hot path: one encode into the batch buffer inside a short critical section.
         with self._lock:
-            if self._failed is not None or self._closed:
+            if self._blocked:
                 self._check()
-            self._buf.append(data)
-            self._buf_bytes += len(data)
+            try:
+                self._enc_encode(record)
+            except Exception as e:
+                self._rewind(self._pos)
+                raise encode_error(e) from None
+            end = self._tell()
+            if end - self._pos > _MAX_RECORD:
+                self._rewind(self._pos)
+                raise _too_large(end - self._pos)
+            self._pos = end
             lsn = self._next_lsn
             self._next_lsn = lsn + 1
-            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
-        if sync or self._sync_each:
-            self._commit(lsn, durable=True)
-        elif self._flush_each or full:
-            self._commit(lsn, durable=False)
+        if sync or end >= self._batch_bytes or self._eager:
+            self._commit(lsn, durable=sync or self._sync_each)
         return lsn
 
+    def _rewind(self, pos: int) -> None:
+        """Drop a partly encoded record (or call) so nothing of it is ever written."""
+        self._fp.seek(pos)
+        self._fp.truncate()
+
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
-        """Append several records; all are encoded before any is appended."""
-        encode = self._encode
-        try:
-            encoded = [encode(r) for r in records]
-        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
-            raise encode_error(e) from None
-        if not encoded:
-            with self._lock:
-                self._check()
-                return self._next_lsn - 1
-        for data in encoded:
-            if len(data) > F.MAX_RECORD_BYTES:
-                raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
+        """Append several records; if any cannot be encoded, none is appended."""
+        encode, tell = self._enc_encode, self._tell
         with self._lock:
             self._check()
-            self._buf.extend(encoded)
-            self._buf_bytes += sum(map(len, encoded))
-            self._next_lsn += len(encoded)
+            start = pos = self._pos
+            n = 0
+            try:
+                for record in records:
+                    encode(record)
+                    end = tell()
+                    if end - pos > _MAX_RECORD:
+                        raise _too_large(end - pos)
+                    pos = end
+                    n += 1
+            except ValueError as e:
+                self._rewind(start)
+                if str(e).startswith("record of"):
+                    raise
+                raise encode_error(e) from None
+            except Exception as e:
+                self._rewind(start)
+                raise encode_error(e) from None
+            self._pos = pos
+            self._next_lsn += n
             lsn = self._next_lsn - 1
-            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
-        if sync or self._sync_each:
-            self._commit(lsn, durable=True)
-        elif self._flush_each or full:
-            self._commit(lsn, durable=False)
+        if n and (sync or pos >= self._batch_bytes or self._eager):
+            self._commit(lsn, durable=sync or self._sync_each)
         return lsn
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
-        try:
-            data = self._encode(record)
-        except (cbor2.CBOREncodeError, TypeError, ValueError) as e:
-            raise encode_error(e) from None
-        if len(data) > F.MAX_RECORD_BYTES:
-            raise ValueError(f"record of {len(data)} bytes exceeds the {F.MAX_RECORD_BYTES}-byte limit")
         with self._lock:
             self._check()
-            self._snap.append(len(self._buf))
-            self._buf.append(data)
-            self._buf_bytes += len(data)
-            self._next_lsn += 1
-            full = self._buf_bytes >= self._batch_bytes or len(self._buf) >= self._batch_records
-        if full:
-            self._commit(self._next_lsn - 1, durable=False)
+            try:
+                self._enc_encode(record)
+            except Exception as e:
+                self._rewind(self._pos)
+                raise encode_error(e) from None
+            end = self._tell()
+            if end - self._pos > _MAX_RECORD:
+                self._rewind(self._pos)
+                raise _too_large(end - self._pos)
+            self._pos = end
+            lsn = self._next_lsn
+            self._snap.append(lsn - self._buf_first)
+            self._next_lsn = lsn + 1
+        if end >= self._batch_bytes:
+            self._commit(lsn, durable=False)
 
     # -- writing ------------------------------------------------------------------------
 
     def _commit(self, lsn: int, durable: bool) -> None:
         """Return once the record at ``lsn`` is written (and durable if asked)."""
-        if (self._durable_lsn if durable else self._written_lsn) > lsn:
+        if durable:
+            self._commit_durable(lsn)
+            return
+        if self._written_lsn > lsn:
             return
         with self._io_lock:
-            if (self._durable_lsn if durable else self._written_lsn) > lsn:
+            if self._written_lsn > lsn:
                 return
             self._check()
             self._write_pending()
-            if durable:
-                self._sync_primary()
+
+    def _commit_durable(self, lsn: int) -> None:
+        # One thread at a time leads a sync; the others sleep on the condition and are
+        # woken together when it finishes, so one fsync releases every record it covered
+        # without a convoy through the I/O lock.
+        cv = self._sync_cv
+        with cv:
+            while self._durable_lsn <= lsn:
+                if not self._syncing:
+                    self._syncing = True
+                    break
+                cv.wait()
+            else:
+                return
+        try:
+            with self._io_lock:
+                self._check()
+                if self._durable_lsn <= lsn:
+                    self._write_pending()
+                    self._sync_primary()
+        finally:
+            with cv:
+                self._syncing = False
+                cv.notify_all()
 
     def _write_pending(self, flush: bool = True) -> None:
         """Frame every appended record into one batch and hand it over. Holds ``_io_lock``."""
         with self._lock:
-            if not self._buf:
+            if not self._pos:
                 if flush and self._sw is not None and self._failed is None:
                     self._guarded(self._sw.flush)
                 return
-            records, snaps = self._buf, self._snap
-            end = self._next_lsn
-            self._buf, self._snap, self._buf_bytes = [], [], 0
-        first = end - len(records)
-        data = _encoder.record_batch(records, snaps, first, now_us(), self.settings.compression)
+            payload = self._fp.getvalue()
+            self._rewind(0)
+            self._pos = 0
+            snaps = self._snap
+            first, end = self._buf_first, self._next_lsn
+            self._snap = []
+            self._buf_first = end
+        count = end - first
+        data = _encoder.record_batch(payload, count, snaps, first, now_us(), self.settings.compression)
         self._append(data, first, end, flush)
         n_snap = len(snaps)
         c = self._counts
-        c["updates"] += len(records) - n_snap
+        c["updates"] += count - n_snap
         c["snapshot_records"] += n_snap
-        self._log_update_records += len(records) - n_snap
+        self._log_update_records += count - n_snap
 
     def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
         sw = self._sw
@@ -304,6 +355,7 @@ class LogCore:
     def _fail(self, e: BaseException) -> None:
         if self._failed is None:
             self._failed = e
+            self._blocked = True
             log.error("log at %s failed and refuses further writes: %s", self.dest.url, e)
 
     # -- log generations ----------------------------------------------------------------
@@ -367,6 +419,7 @@ class LogCore:
                     self._durable_lsn = self._written_lsn
             finally:
                 self._closed = True
+                self._blocked = True
                 for replica in self._replicas:
                     replica.close(seal=self._failed is None)
                 if self._sw is not None:
@@ -397,7 +450,7 @@ class LogCore:
         return self._durable_lsn - 1
 
     def _has_pending(self) -> bool:
-        return bool(self._buf)
+        return self._pos > 0
 
 
 __all__ = ["LogCore", "PersistLogError"]
