@@ -26,6 +26,7 @@ soak: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -127,13 +127,14 @@ class Codec:
         name, enc = entry
         encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, enc(value)]))
 
-    def _tag_hook(self, decoder: cbor2.CBORDecoder, tag: cbor2.CBORTag) -> Any:
+    def _tag_hook(self, tag: cbor2.CBORTag, immutable: bool) -> Any:
+        # cbor2 6 calls tag hooks with (tag, immutable).
         if tag.tag == OBJECT_TAG and self._by_name:
             value = tag.value
-            if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
+            if isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str):
                 decode = self._by_name.get(value[0])
                 if decode is not None:
-                    return decode(value[1])
+                    return decode(_thaw(value[1]))
         return tag
 
     def loads(self, data: bytes) -> Any:
@@ -144,6 +145,18 @@ class Codec:
             semantic_decoders=_SAFE_SEMANTIC,
             max_depth=MAX_CBOR_DEPTH,
         )
+
+
+def _thaw(value: Any) -> Any:
+    """cbor2 hands tag contents over as immutable containers; registered classes get the
+    ordinary ones that the same value decodes to anywhere else."""
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    if isinstance(value, cbor2.frozendict):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, frozenset):
+        return {_thaw(v) for v in value}
+    return value
 
 
 def _unloggable(value: Any) -> str:
@@ -160,11 +173,15 @@ def encode_error(exc: BaseException) -> TypeError:
     )
 
 
+def _keep_tag(tag: cbor2.CBORTag, immutable: bool) -> cbor2.CBORTag:
+    return tag
+
+
 def plain_loads(data: bytes) -> Any:
     """Decode control records and pointers: no tags are given meaning beyond cbor2's safe set."""
     return cbor2.loads(
         data,
-        tag_hook=lambda decoder, tag: tag,
+        tag_hook=_keep_tag,
         semantic_decoders=_SAFE_SEMANTIC,
         max_depth=MAX_CBOR_DEPTH,
     )

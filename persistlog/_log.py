@@ -81,6 +81,7 @@ class Log(LogCore):
         self._signal: int | None = None
         self._signalled = False
         self._opened_at = time.time()
+        self._lease_ttl = LEASE_TTL
 
     # -- public API ---------------------------------------------------------------------
 
@@ -149,6 +150,7 @@ class Log(LogCore):
             segment_bytes=self.settings.segment_bytes,
             retain=self._rotator.retain,
             flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
+            lease_ttl=self._lease_ttl,
         )
         replica.attach()
         return replica
@@ -166,7 +168,7 @@ class Log(LogCore):
         return fut.result(timeout)
 
     @property
-    def seq(self) -> int:  # type: ignore[override]
+    def seq(self) -> int:
         """The seq of the log being written."""
         return self._seq
 
@@ -309,6 +311,7 @@ def open(
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     flush_interval: float | None = None,
+    lease_ttl: float = LEASE_TTL,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -325,6 +328,8 @@ def open(
     ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
     more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
     through their own writer threads; ``storage_options`` apply to the primary.
+    ``lease_ttl`` is how long an object-store writer lease lasts without renewal (a
+    crashed writer's destination can be taken over after it).
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -346,7 +351,10 @@ def open(
     )
     dest = _destination(url, storage_options)
     lg = Log(dest, settings, codec or Codec(), metadata)
-    lg._acquire(LEASE_TTL)
+    if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
+        raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
+    lg._acquire(lease_ttl)
+    lg._lease_ttl = float(lease_ttl)
     try:
         try:
             logs = list_logs(dest)
@@ -376,7 +384,7 @@ def open(
                 raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
         lg._after_batch = lg._rotator.check_triggers
         interval = flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL
-        renew = None if dest.appendable else LEASE_TTL / 3
+        renew = None if dest.appendable else lease_ttl / 3
         lg._start_background(interval, renew)
         if rotate_on_signal is not None:
             lg._install_signal(rotate_on_signal)

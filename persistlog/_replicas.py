@@ -45,7 +45,9 @@ class Replica:
         retain: int,
         flush_interval: float,
         queue_batches: int = QUEUE_BATCHES,
+        lease_ttl: float = LEASE_TTL,
     ) -> None:
+        self.lease_ttl = lease_ttl
         self.dest = dest
         self.writer_id = writer_id
         self.segment_bytes = segment_bytes
@@ -68,7 +70,7 @@ class Replica:
         """Take the destination's writer lock and start the thread."""
         try:
             self.dest.ensure()
-            self._lock = self.dest.lock(self.writer_id, LEASE_TTL)
+            self._lock = self.dest.lock(self.writer_id, self.lease_ttl)
         except LockHeld as e:
             raise WriterConflict(f"another writer is using {self.dest.url}: {e}") from e
         self._thread.start()
@@ -151,7 +153,7 @@ class Replica:
                     return
                 else:
                     self._handle(event)
-                if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew > LEASE_TTL / 3:
+                if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew > self.lease_ttl / 3:
                     self._lock.renew()
                     last_renew = time.monotonic()
             except Exception as e:
@@ -166,9 +168,9 @@ class Replica:
             if self.error is not None:
                 log.info("re-attaching secondary %s with log %d", self.dest.url, seq)
                 self.error = None
-            sw = segment_writer(self.dest, seq, self.segment_bytes)
-            sw.start(first, header_batch)
-            self._sw = sw
+            started = segment_writer(self.dest, seq, self.segment_bytes)
+            started.start(first, header_batch)
+            self._sw = started
             self._next_lsn = first
             return
         sw = self._sw
@@ -177,7 +179,8 @@ class Replica:
         if kind == "batch":
             _, data, first, end = event
             sw.append(data, first, end)
-            sw.flush() if sw.dest.appendable else None
+            if sw.dest.appendable:
+                sw.flush()
             self._next_lsn = end
             self.batches += 1
             self.bytes += len(data)

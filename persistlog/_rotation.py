@@ -150,6 +150,11 @@ class Rotator:
                 raise RuntimeError("emit() called after enumerate_all returned")
             core._emit(record)
             emitted += 1
+            if not emitted & 0xFF:
+                # Give the GIL away now and then: an enumeration of millions of resources
+                # would otherwise hold it for whole switch intervals (5 ms) at a time and
+                # show up in the app's update() latency.
+                time.sleep(0)
 
         try:
             self.enumerate_all(emit)

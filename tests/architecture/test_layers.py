@@ -1,0 +1,53 @@
+"""The architecture, checked: one-way dependencies and the format kept in one place."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FORMAT_MODULES = {"_format.py", "_encoder.py", "_decoder.py"}
+
+
+def test_dependencies_point_one_way() -> None:
+    # spark_replay -> persistlog -> destinations, never back (import-linter contract in setup.cfg).
+    linter = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(linter)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "KEPT" in proc.stdout
+
+
+def test_format_knowledge_lives_in_the_format_modules() -> None:
+    offenders = []
+    pattern = re.compile(r"^\s*(import struct|from struct|import zlib|from zlib)|crc32\(|struct\.(pack|unpack)", re.M)
+    for package in ("persistlog", "spark_replay"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path.name in FORMAT_MODULES and path.parent.name == "persistlog":
+                continue
+            if pattern.search(path.read_text()):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == [], f"framing/checksum code outside _format/_encoder/_decoder: {offenders}"
+
+
+def test_no_pickle_anywhere() -> None:
+    offenders = [
+        str(p.relative_to(ROOT))
+        for package in ("persistlog", "destinations", "spark_replay")
+        for p in (ROOT / package).rglob("*.py")
+        if re.search(r"^\s*(import pickle|from pickle|import cloudpickle|import dill)", p.read_text(), re.M)
+    ]
+    assert offenders == []
+
+
+def test_destinations_import_neither_core_nor_spark() -> None:
+    for path in (ROOT / "destinations").rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"^\s*(from|import) (persistlog|spark_replay)\b", text, re.M), path
+
+
+def test_public_api_is_typed_strictly() -> None:
+    mypy = Path(sys.executable).with_name("mypy")
+    proc = subprocess.run([str(mypy), "persistlog", "destinations"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
