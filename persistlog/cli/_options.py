@@ -1,0 +1,77 @@
+"""Options every subcommand shares, and turning them into a destination.
+
+``--storage-option KEY=VALUE`` values go to fsspec untouched, parsed as JSON when they
+parse (``anon=true`` is a bool, ``client_kwargs={"region_name": "eu-west-1"}`` a dict) and
+kept as strings otherwise; the CLI never looks at them or names a driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from destinations import Destination, open_destination
+
+
+class UsageError(Exception):
+    """Bad input from the command line: reported in one line, exit status 2."""
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The parent parser of every subcommand: URL, storage options, JSON, verbosity."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("url", metavar="URL", help="destination: a local directory, s3://bucket/prefix, memory://...")
+    common.add_argument(
+        "--storage-option",
+        "-o",
+        dest="storage_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for the destination (repeatable; VALUE is parsed as JSON when it can be)",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    return common
+
+
+def parse_storage_options(items: list[str]) -> dict[str, Any]:
+    """``["anon=true", "endpoint_url=http://x"]`` -> ``{"anon": True, "endpoint_url": "http://x"}``."""
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--storage-option needs KEY=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        options[key] = value
+    return options
+
+
+def open_dest(args: argparse.Namespace, *, must_exist: bool = True) -> Destination:
+    """The destination named on the command line.
+
+    An unknown protocol or a missing driver (``s3://`` without s3fs) is a usage error; so
+    is a destination that does not exist, when ``must_exist``.
+    """
+    options = parse_storage_options(args.storage_options)
+    try:
+        dest = open_destination(args.url, **options)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    except ImportError as e:
+        raise UsageError(str(e)) from None
+    if must_exist:
+        try:
+            exists = dest.exists()
+        except Exception as e:  # any storage client's error: the store cannot be used
+            dest.close()
+            raise UsageError(f"cannot reach {args.url}: {type(e).__name__}: {e}") from None
+        if not exists:
+            dest.close()
+            raise UsageError(f"no destination at {args.url} (the directory does not exist)")
+    return dest
