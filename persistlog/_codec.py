@@ -54,7 +54,7 @@ class Codec:
     def __init__(self) -> None:
         self._by_type: dict[type, tuple[str, Callable[[Any], Any]]] = {}
         self._by_name: dict[str, Callable[[Any], Any]] = {}
-        self.encode: Callable[[Any], bytes] = cbor2.dumps
+        self.encode: Callable[[Any], bytes] = functools.partial(cbor2.dumps, default=self._default)
 
     def register(
         self,
@@ -109,7 +109,6 @@ class Codec:
             decode = decode or (lambda value: cls(**value))
         self._by_type[cls] = (name, encode)
         self._by_name[name] = decode
-        self.encode = functools.partial(cbor2.dumps, default=self._default)
 
     def encoder(self, fp: Any) -> cbor2.CBOREncoder:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""

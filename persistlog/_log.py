@@ -251,7 +251,10 @@ class Log(LogCore):
                     if self._has_pending() or self._sw_pending():
                         with self._io_lock:
                             if self._failed is None and not self._closed:
-                                self._write_pending()
+                                # Pending records and an object store's pending segment
+                                # both go out on every tick, however busy the log is.
+                                self._write_pending(flush=False)
+                                self._flush_writer()
                     if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
                         self._renew_lock()
                         last_renew = time.monotonic()

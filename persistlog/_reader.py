@@ -28,6 +28,7 @@ from ._decoder import (
     parse_trailer,
     split_records,
 )
+from ._encoder import seal_trailer
 from ._errors import CorruptLogError, DestinationError
 
 log = logging.getLogger("persistlog")
@@ -35,6 +36,9 @@ log = logging.getLogger("persistlog")
 READ_CHUNK = 4 * 1024 * 1024
 
 RECOVERY_MODES = ("strict", "skip")
+
+# Filesystems zero-fill what a crash lost in whole blocks.
+_FS_BLOCK = 4096
 
 
 @dataclass(slots=True)
@@ -159,6 +163,18 @@ class _SegmentBytes:
         self.base = 0
         self.buf = b""
 
+    @classmethod
+    def open(cls, dest: Destination, name: str, offset: int) -> _SegmentBytes:
+        if dest.appendable:
+            return cls(dest, name, dest.size(name))
+        # Objects never change once written: one ranged GET both sizes a small object and
+        # reads it, where a HEAD first would double the requests of every poll.
+        data = dest.read(name, offset, READ_CHUNK)
+        size = offset + len(data) if len(data) < READ_CHUNK else dest.size(name)
+        seg = cls(dest, name, size)
+        seg.base, seg.buf = offset, data
+        return seg
+
     def get(self, offset: int, length: int) -> bytes:
         """Up to ``length`` bytes from ``offset`` (short only at the end of the segment)."""
         end = min(offset + length, self.size)
@@ -242,12 +258,11 @@ class LogScanner:
                 continue
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
-                size = self.dest.size(name)
+                seg = _SegmentBytes.open(self.dest, name, resume)
             except FileNotFoundError:
                 raise
             except OSError as e:
                 raise self._read_error(name, e) from e
-            seg = _SegmentBytes(self.dest, name, size)
             try:
                 yield from self._scan_segment(
                     seg, number, index == last_index and not self.more_segments, resume, next_lsn
@@ -312,8 +327,9 @@ class LogScanner:
             except Damage as d:
                 # A crash can leave only the end of the last segment unfinished: a short or
                 # zero-filled header, a batch running past the end, or a last batch whose
-                # payload never fully reached the disk.
-                if last and d.torn_shape and end >= size and self._zeros_from(seg, pos, d):
+                # payload never fully reached the disk -- where "the end" ignores a run of
+                # zeros that a file extended by the crash shows before its data reached disk.
+                if last and self._torn_shape(seg, pos, d, end):
                     if self.tail_ok:
                         return  # a write in progress: come back later
                     if self.dest.appendable and not self._segment_sealed(seg):
@@ -327,6 +343,9 @@ class LogScanner:
                 self._corrupt(d.reason, name, pos, skip_to - pos)
                 pos = skip_to
                 st.position = (number, pos)
+                # Skip mode: the LSNs of what was skipped are unknown; the chain resumes at
+                # the next intact batch instead of reporting the same damage twice.
+                next_lsn = None
                 continue
             if next_lsn is not None and header.first_lsn != next_lsn:
                 self._corrupt(f"batch starts at LSN {header.first_lsn}, expected {next_lsn}", name, pos)
@@ -366,25 +385,55 @@ class LogScanner:
     def _check_trailer(self, seg: _SegmentBytes, batch: Batch, name: str) -> None:
         end = batch.end
         tail = seg.get(end, F.TRAILER_SIZE + 1)
-        if len(tail) != F.TRAILER_SIZE or parse_trailer(tail) != batch.offset:
-            self._corrupt("seal batch is not followed by exactly its trailer", name, end, seg.size - end)
+        if len(tail) == F.TRAILER_SIZE and parse_trailer(tail) == batch.offset:
+            return
+        # A crash while sealing (before its fsync) can leave the intact seal batch with its
+        # trailer cut short, or zero-filled from a filesystem block boundary on: every
+        # record is there, so this is a torn tail of the trailer, not damage of the log.
+        # (A bit flip never shortens a file, nor zeroes a whole trailer.)
+        expected = seal_trailer(batch.offset)
+        block = (-end) % _FS_BLOCK  # trailer bytes before the next block boundary
+        if (
+            self.dest.appendable
+            and len(tail) <= F.TRAILER_SIZE
+            and (
+                (len(tail) < F.TRAILER_SIZE and expected.startswith(tail))
+                or not any(tail)
+                or (block < len(tail) and tail[:block] == expected[:block] and not any(tail[block:]))
+            )
+        ):
+            if tail and not self.tail_ok:
+                self.state.torn = TornTail(self.seq, name, end, len(tail), "seal trailer cut short")
+                log.info("dropped torn seal trailer of %s log %d: %d bytes at %s:%d",
+                         self.dest.url, self.seq, len(tail), name, end)
+            return
+        self._corrupt("seal batch is not followed by exactly its trailer", name, end, seg.size - end)
 
     def _segment_sealed(self, seg: _SegmentBytes) -> bool:
         if seg.size < F.SEGMENT_HEADER_SIZE + F.TRAILER_SIZE:
             return False
         return parse_trailer(seg.get(seg.size - F.TRAILER_SIZE, F.TRAILER_SIZE)) is not None
 
-    def _zeros_from(self, seg: _SegmentBytes, pos: int, d: Damage) -> bool:
-        """False only for a checksum-failing header that is not zero-filled to the end."""
-        if d.reason != "batch header checksum mismatch":
-            return True
-        probe = pos
-        while probe < seg.size:
-            chunk = seg.get(probe, READ_CHUNK)
-            if any(chunk):
-                return False
-            probe += len(chunk)
-        return True
+    def _torn_shape(self, seg: _SegmentBytes, pos: int, d: Damage, end: int) -> bool:
+        """Whether damage at ``pos`` of the last segment looks like an interrupted write:
+        the damaged batch reaches the run of zeros (possibly empty) that ends the segment."""
+        if d.reason == "batch header checksum mismatch":
+            # A header partly or wholly zero-filled to the end; any other bad header is
+            # corruption.
+            return pos + F.BATCH_HEADER_SIZE > self._zero_tail(seg)
+        return d.torn_shape and end >= self._zero_tail(seg)
+
+    def _zero_tail(self, seg: _SegmentBytes) -> int:
+        """Offset where the run of zero bytes ending the segment starts (its size if none)."""
+        z = seg.size
+        while z > 0:
+            start = max(0, z - READ_CHUNK)
+            chunk = seg.get(start, z - start)
+            stripped = chunk.rstrip(b"\0")
+            if stripped:
+                return start + len(stripped)
+            z = start
+        return 0
 
     def _skip_target(self, seg: _SegmentBytes, pos: int) -> int:
         """Where skip mode resumes: after the damaged batch if its header is sound, else at

@@ -45,6 +45,11 @@ def _too_large(n: int) -> ValueError:
     return ValueError(f"record of {n} bytes exceeds the {_MAX_RECORD}-byte limit")
 
 
+def _array_header_len(n: int) -> int:
+    """Bytes of a definite-length CBOR array header for ``n`` items."""
+    return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -108,6 +113,8 @@ class LogCore:
         self._io_lock = threading.RLock()
         self._sync_cv = threading.Condition(threading.Lock())
         self._syncing = False
+        self._last_group = 0
+        self._last_sync_s = 0.0
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
@@ -204,28 +211,25 @@ class LogCore:
 
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
         """Append several records; if any cannot be encoded, none is appended."""
-        encode, tell = self._enc_encode, self._tell
+        items = records if isinstance(records, list) else list(records)
+        n = len(items)
+        # One encoder call for the whole list is much cheaper than one per record: encode
+        # it as an array and keep only the items (the array header is 1-9 bytes long).
+        try:
+            encoded = self._encode(items)
+        except Exception as e:
+            raise encode_error(e) from None
+        body = memoryview(encoded)[_array_header_len(n):]
+        if len(body) > _MAX_RECORD:
+            # Too big to rule out one oversized record: check each one.
+            for item in items:
+                size = len(self._encode(item))
+                if size > _MAX_RECORD:
+                    raise _too_large(size)
         with self._lock:
             self._check()
-            start = pos = self._pos
-            n = 0
-            try:
-                for record in records:
-                    encode(record)
-                    end = tell()
-                    if end - pos > _MAX_RECORD:
-                        raise _too_large(end - pos)
-                    pos = end
-                    n += 1
-            except ValueError as e:
-                self._rewind(start)
-                if str(e).startswith("record of"):
-                    raise
-                raise encode_error(e) from None
-            except Exception as e:
-                self._rewind(start)
-                raise encode_error(e) from None
-            self._pos = pos
+            self._fp.write(body)
+            self._pos = pos = self._tell()
             self._next_lsn += n
             lsn = self._next_lsn - 1
         if n and (sync or pos >= self._batch_bytes or self._eager):
@@ -281,11 +285,20 @@ class LogCore:
             else:
                 return
         try:
+            if self._last_group > 1:
+                # Others were syncing alongside last time, and the threads that sync woke
+                # have not appended their next records yet: give them a fraction of a sync
+                # to do so, and the next sync covers them too.
+                time.sleep(min(self._last_sync_s * 0.5, 0.002))
             with self._io_lock:
                 self._check()
                 if self._durable_lsn <= lsn:
+                    before = self._durable_lsn
+                    started = time.perf_counter()
                     self._write_pending()
                     self._sync_primary()
+                    self._last_sync_s = time.perf_counter() - started
+                    self._last_group = self._durable_lsn - before
         finally:
             with cv:
                 self._syncing = False
@@ -307,12 +320,13 @@ class LogCore:
             self._buf_first = end
         count = end - first
         data = _encoder.record_batch(payload, count, snaps, first, now_us(), self.settings.compression)
-        self._append(data, first, end, flush)
         n_snap = len(snaps)
+        # Counted before _append, whose trigger check must see this batch's updates.
+        self._log_update_records += count - n_snap
+        self._append(data, first, end, flush)
         c = self._counts
         c["updates"] += count - n_snap
         c["snapshot_records"] += n_snap
-        self._log_update_records += count - n_snap
 
     def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
         sw = self._sw
@@ -331,6 +345,11 @@ class LogCore:
         for replica in self._replicas:
             replica.batch(data, first, end)
         self._after_batch()
+
+    def _flush_writer(self) -> None:
+        """Hand the current segment writer's buffered bytes to storage. Holds ``_io_lock``."""
+        if self._sw is not None:
+            self._guarded(self._sw.flush)
 
     def _append_control(self, record: dict[str, Any]) -> None:
         """Write a control batch at the current position. Holds ``_io_lock``."""
