@@ -1,0 +1,268 @@
+"""The replay job: logs in, ``events/`` and ``state/`` Parquet out, a summary printed.
+
+::
+
+    python -m spark_replay URL --out DIR [--as-of-lsn N | --as-of-time T]
+                           [--convention resource|raw] [--storage-option K=V ...]
+    spark-submit --master yarn .../spark_replay/__main__.py URL --out s3a://bucket/replay
+
+Run with plain ``python`` it starts a local Spark (``local[*]``) with no configuration;
+under ``spark-submit`` it uses the session spark-submit made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+log = logging.getLogger("spark_replay")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+class JobError(Exception):
+    """A problem with the job's input, reported as one line and a non-zero exit."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m spark_replay",
+        description="Replay persistlog logs into Parquet: every record (events/) and the live "
+        "resources as of a point (state/).",
+    )
+    p.add_argument("url", help="the log destination (a directory, s3://bucket/prefix, ...)")
+    p.add_argument("--out", required=True, help="output directory (any path Spark can write)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--as-of-lsn", type=int, metavar="N", help="state as of this LSN")
+    when.add_argument(
+        "--as-of-time", metavar="T", help="state as of this time (ISO-8601 with offset, e.g. 2025-01-31T00:00:00Z)"
+    )
+    p.add_argument(
+        "--convention",
+        choices=("resource", "raw"),
+        default="resource",
+        help="resource (default): ResourceStore records {op, key, value}; raw: give --key for a state",
+    )
+    p.add_argument("--key", metavar="SQL", help="raw logs: SQL expression of a record's key, e.g. \"get_json_object(record, '$.id')\"")
+    p.add_argument("--op", metavar="SQL", help="raw logs: SQL expression giving 'put' or 'del' (default: every record is a put)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="fsspec option (repeatable); V is parsed as JSON when it can be; dotted K nests "
+        "(client_kwargs.endpoint_url=http://...)",
+    )
+    p.add_argument("--logs", choices=("all", "latest"), default="all", help="all retained logs (default) or from the newest complete one")
+    p.add_argument("--recovery", choices=("strict", "skip"), default="strict", help="strict (default): corruption fails the job; skip: pass over it and write _corrupt/")
+    p.add_argument("--max-partition-bytes", metavar="BYTES", help="log bytes per task (default 128m)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    return p
+
+
+def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "client_kwargs.endpoint_url=http://h"]`` -> ``{"a": 1, "client_kwargs": {...}}``."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise JobError(f"--storage-option needs KEY=VALUE, not {pair!r}")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for name in parents:
+            child = node.setdefault(name, {})
+            if not isinstance(child, dict):
+                raise JobError(f"--storage-option {key}: {name} is already set to a value")
+            node = child
+        node[leaf] = value
+    return out
+
+
+@dataclass
+class Summary:
+    """What the job wrote, as printed."""
+
+    url: str
+    out: str
+    logs: list[int]
+    records: int
+    first_lsn: int | None
+    last_lsn: int | None
+    first_time: Any
+    last_time: Any
+    as_of_lsn: int | None
+    keys: int | None
+    corrupt: int | None
+
+    def print(self, stream: TextIO) -> None:
+        logs = f"{len(self.logs)}" + (f" (log {self.logs[0]}..{self.logs[-1]})" if self.logs else "")
+        lines = [
+            f"replayed {self.url}",
+            f"  logs:       {logs}",
+            f"  records:    {self.records}" + (f" (LSN {self.first_lsn}..{self.last_lsn})" if self.records else ""),
+            f"  time range: {self.first_time} .. {self.last_time}" if self.records else "  time range: -",
+        ]
+        if self.keys is not None:
+            lines.append(f"  keys:       {self.keys} live as of LSN {self.as_of_lsn}")
+        else:
+            lines.append("  keys:       - (no state: raw logs need --key)")
+        if self.corrupt is not None:
+            lines.append(f"  corrupt:    {self.corrupt} damaged range(s) passed over, see {self.out}/_corrupt")
+        lines.append(f"  written:    {self.out}/events (by log_seq)" + ("" if self.keys is None else f", {self.out}/state"))
+        stream.write("\n".join(lines) + "\n")
+
+
+def _session() -> Any:
+    from pyspark.sql import SparkSession
+
+    from . import local_session, register
+
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Started by spark-submit: its master and configuration rule.
+        spark = SparkSession.builder.appName("persistlog-replay").getOrCreate()
+        register(spark)
+        return spark
+    return local_session()
+
+
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|ValueError|FileNotFoundError|PermissionError)): (.+)")
+
+
+def _explain(exc: BaseException) -> str:
+    """The Python error a Spark task died of, without the Java and Python stack traces."""
+    matches = _PY_ERROR.findall(str(exc))
+    if matches:
+        name, message = matches[-1]
+        return f"{name.rsplit('.', 1)[-1]}: {message.strip()}"
+    first = str(exc).strip().splitlines()
+    return first[0] if first else type(exc).__name__
+
+
+def _check_input(url: str, storage_options: dict[str, Any]) -> None:
+    """Fail fast, before Spark starts, when there is nothing to replay."""
+    from destinations import open_destination
+    from persistlog._reader import list_logs
+
+    try:
+        dest = open_destination(url, **storage_options)
+    except (ValueError, ImportError, TypeError) as e:
+        raise JobError(f"cannot open {url}: {e}") from None
+    try:
+        if not list_logs(dest):
+            raise JobError(f"no persistlog logs at {url}")
+    except JobError:
+        raise
+    except Exception as e:  # any storage complaint is bad input from the job's point of view
+        raise JobError(f"cannot list {url}: {e}") from None
+    finally:
+        dest.close()
+
+
+def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
+    from pyspark.sql import functions as F
+
+    from . import corrupt_report, read
+    from ._state import resolve_lsn, state
+
+    storage_options = parse_storage_options(args.storage_option)
+    if args.convention == "raw" and args.op and not args.key:
+        raise JobError("--op needs --key")
+    if args.convention == "resource" and (args.key or args.op):
+        raise JobError("--key/--op are for --convention raw")
+    _check_input(args.url, storage_options)
+    options = {
+        "storage_options": storage_options or None,
+        "convention": args.convention,
+        "logs": args.logs,
+        "recovery": args.recovery,
+        "max_partition_bytes": args.max_partition_bytes,
+    }
+    mode = "overwrite" if args.overwrite else "errorifexists"
+    out = args.out.rstrip("/")
+    events_path, state_path = f"{out}/events", f"{out}/state"
+    df = read(spark, args.url, **options)
+    log.info("writing %s", events_path)
+    df.write.mode(mode).partitionBy("log_seq").parquet(events_path)
+    # Later steps read the Parquet just written rather than decoding the logs again.
+    events = spark.read.parquet(events_path).withColumn("log_seq", F.col("log_seq").cast("long"))
+    stats = events.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min("lsn").alias("lo"),
+        F.max("lsn").alias("hi"),
+        F.min("commit_time").alias("t0"),
+        F.max("commit_time").alias("t1"),
+    ).first()
+    seqs = sorted(r[0] for r in events.select("log_seq").distinct().collect())
+    keys = target = None
+    if args.convention == "resource" or args.key:
+        key = F.expr(args.key) if args.key else None
+        op = F.expr(args.op) if args.op else None
+        target = resolve_lsn(events, args.as_of_lsn, args.as_of_time)
+        live = state(events, key=key, op=op, as_of_lsn=target)
+        log.info("writing %s (state as of LSN %s)", state_path, target)
+        live.write.mode(mode).parquet(state_path)
+        keys = spark.read.parquet(state_path).count()
+    corrupt = None
+    if args.recovery == "skip":
+        report = corrupt_report(spark, args.url, storage_options=storage_options or None, logs=args.logs)
+        report.write.mode(mode).parquet(f"{out}/_corrupt")
+        corrupt = spark.read.parquet(f"{out}/_corrupt").filter(F.col("kind") == "skipped").count()
+    assert stats is not None
+    return Summary(
+        url=args.url,
+        out=out,
+        logs=seqs,
+        records=int(stats["n"]),
+        first_lsn=stats["lo"],
+        last_lsn=stats["hi"],
+        first_time=stats["t0"],
+        last_time=stats["t1"],
+        as_of_lsn=target,
+        keys=keys,
+        corrupt=corrupt,
+    )
+
+
+def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | None = None) -> int:
+    """Run the job; returns the exit status. ``spark`` reuses an existing session."""
+    args = build_parser().parse_args(argv)
+    stdout = stdout or sys.stdout
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.WARNING if args.quiet else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+    try:
+        session = spark or _session()
+        summary = run(args, session, stdout)
+    except JobError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return e.code
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_USAGE
+    except Exception as e:
+        if type(e).__module__.startswith(("pyspark", "py4j")):
+            sys.stderr.write(f"error: {_explain(e)}\n")
+            log.debug("Spark failure", exc_info=True)
+            return EXIT_FAILED
+        raise
+    summary.print(stdout)
+    return EXIT_OK

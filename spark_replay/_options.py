@@ -1,0 +1,150 @@
+"""The data source's options, parsed and checked once (Spark hands them over as strings)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
+MIN_PARTITION_BYTES = 64 * 1024
+# Below this, splitting for parallelism costs more in task overhead than it gains (Spark's
+# file sources use the same floor, spark.sql.files.openCostInBytes).
+MIN_SPLIT_BYTES = 4 * 1024 * 1024
+
+LOGS = ("all", "latest")
+CONVENTIONS = ("raw", "resource")
+RECOVERY = ("strict", "skip")
+VIEWS = ("records", "corrupt")
+
+KNOWN = frozenset(
+    {
+        "path",
+        "storage_options",
+        "logs",
+        "from_lsn",
+        "to_lsn",
+        "convention",
+        "recovery",
+        "max_partition_bytes",
+        "min_partitions",
+        "view",
+    }
+)
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What one ``spark.read.format("persistlog")`` was asked to read."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    logs: str = "all"
+    from_lsn: int | None = None
+    to_lsn: int | None = None
+    convention: str = "raw"
+    recovery: str = "strict"
+    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
+    min_partitions: int = 1
+    view: str = "records"
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> ReadOptions:
+        """Check ``options`` (case-insensitive names, string values); ``ValueError`` names
+        the first bad one."""
+        opts = {str(k).lower(): v for k, v in options.items()}
+        unknown = sorted(set(opts) - KNOWN)
+        if unknown:
+            raise ValueError(
+                f"unknown persistlog option(s) {unknown}; known: {sorted(KNOWN - {'path'})}"
+            )
+        url = opts.get("path")
+        if not url or not isinstance(url, str):
+            raise ValueError('give the log URL: spark.read.format("persistlog").load(url)')
+        from_lsn = _lsn(opts, "from_lsn")
+        to_lsn = _lsn(opts, "to_lsn")
+        if from_lsn is not None and to_lsn is not None and to_lsn < from_lsn:
+            raise ValueError(f"to_lsn ({to_lsn}) is before from_lsn ({from_lsn})")
+        return cls(
+            url=url,
+            storage_options=_storage_options(opts.get("storage_options")),
+            logs=_choice(opts, "logs", LOGS),
+            from_lsn=from_lsn,
+            to_lsn=to_lsn,
+            convention=_choice(opts, "convention", CONVENTIONS),
+            recovery=_choice(opts, "recovery", RECOVERY),
+            max_partition_bytes=_size(opts.get("max_partition_bytes")),
+            min_partitions=_count(opts, "min_partitions"),
+            view=_choice(opts, "view", VIEWS),
+        )
+
+
+def _choice(opts: Mapping[str, Any], name: str, allowed: tuple[str, ...]) -> str:
+    value = opts.get(name)
+    if value is None:
+        return allowed[0]
+    value = str(value).strip().lower()
+    if value not in allowed:
+        raise ValueError(f"option {name} must be one of {list(allowed)}, not {opts[name]!r}")
+    return value
+
+
+def _lsn(opts: Mapping[str, Any], name: str) -> int | None:
+    value = opts.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        lsn = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be an integer LSN, not {value!r}") from None
+    if lsn < 1:
+        raise ValueError(f"option {name} must be >= 1 (LSNs start at 1), not {lsn}")
+    return lsn
+
+
+def _count(opts: Mapping[str, Any], name: str) -> int:
+    value = opts.get(name)
+    if value is None or value == "":
+        # The planning host's cores: right for local Spark, a fair guess on a cluster's driver.
+        return os.cpu_count() or 1
+    try:
+        count = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"option {name} must be a positive integer, not {value!r}") from None
+    if count < 1:
+        raise ValueError(f"option {name} must be a positive integer, not {count}")
+    return count
+
+
+def _size(value: Any) -> int:
+    if value is None or value == "":
+        return DEFAULT_MAX_PARTITION_BYTES
+    m = _SIZE.match(str(value))
+    if m is None:
+        raise ValueError(
+            f"option max_partition_bytes must be a byte count such as 134217728 or 128m, not {value!r}"
+        )
+    size = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if size < MIN_PARTITION_BYTES:
+        raise ValueError(f"option max_partition_bytes must be at least {MIN_PARTITION_BYTES}, not {size}")
+    return size
+
+
+def _storage_options(value: Any) -> dict[str, Any]:
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return dict(value)
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"option storage_options must be a JSON object: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("option storage_options must be a JSON object such as {\"key\": \"...\"}")
+    return parsed

@@ -1,0 +1,373 @@
+"""Planning a read on the driver: which logs, which byte ranges, and what each task needs.
+
+The driver lists the destination once and reads little: each log's first segment header
+(its first LSN, for ``from_lsn``/``to_lsn`` pruning and the log-to-log chain check), the
+batch headers of each log up to its snapshot-complete marker (which tells from which LSN a
+replay starting at that log gives the full state), and the batch headers of segments
+larger than a partition (to split them at batch boundaries). A partition holds at most
+``max_partition_bytes``, and less when the whole read is small, so that every core gets a
+share (``min_partitions``, as Spark's file sources split files). Payloads are only
+read for control batches, which are small; everything else is checked by the executors,
+through the same :class:`persistlog._reader.LogScanner` that restore uses.
+
+A partition is a contiguous range of one log: from ``start`` (segment, offset, LSN at that
+offset or None at a segment start) up to ``end`` (exclusive; None for the end of the log).
+Small neighbouring segments are packed into one partition up to that size, so that an object store holding one small object per flush does not become one task per
+object.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import InputPartition
+
+from destinations import Destination, open_destination
+from persistlog import _format as F
+from persistlog._decoder import (
+    Damage,
+    check_payload,
+    control_records,
+    parse_batch_header,
+    parse_segment_header,
+)
+from persistlog._errors import CorruptLogError, DestinationError
+from persistlog._reader import list_logs
+from persistlog._restore import plan as restore_plan
+
+from ._options import MIN_SPLIT_BYTES, ReadOptions
+
+log = logging.getLogger("spark_replay")
+
+# Reads while walking headers: small, since most of a window is payload we skip.
+WALK_CHUNK = 64 * 1024
+# Remote size look-ups and header walks are latency-bound: overlap them.
+IO_THREADS = 16
+
+
+@dataclass(repr=False)
+class LogPartition(InputPartition):
+    """One task's share of a read. Picklable: plain values only, no live connection.
+
+    Segment names are rebuilt from ``last_segment`` and ``missing`` so that a log of many
+    thousands of small objects does not ship its whole listing with every task.
+    """
+
+    url: str
+    storage_options: dict[str, Any]
+    seq: int
+    last_segment: int
+    missing: tuple[int, ...]
+    start: tuple[int, int, int | None]
+    end: tuple[int, int] | None
+    #: First LSN of the next log, checked against where this log ends (None: no check).
+    next_log_lsn: int | None
+    #: Rows of this log from this LSN on can start a replay (None: none can).
+    base_from: int | None
+    #: The newest earlier log of the read that can start a replay.
+    prev_base: int | None
+    from_lsn: int | None
+    to_lsn: int | None
+    recovery: str
+    convention: str
+    view: str
+    nbytes: int = 0
+
+    def __repr__(self) -> str:
+        # Never print storage options: they may hold credentials.
+        end = "end" if self.end is None else f"{self.end[0]}:{self.end[1]}"
+        return (
+            f"LogPartition(log={self.seq}, {self.start[0]}:{self.start[1]}..{end}, "
+            f"~{self.nbytes} bytes)"
+        )
+
+    def segments(self) -> list[tuple[int, str]]:
+        """``(number, name)`` of every segment of the log as listed when planning."""
+        missing = set(self.missing)
+        return [
+            (n, F.segment_name(self.seq, n))
+            for n in range(self.last_segment + 1)
+            if n not in missing
+        ]
+
+
+@dataclass
+class _Walk:
+    first_lsn: int | None = None
+    complete_lsn: int | None = None
+    # (offset, first LSN, size) of every batch, when the segment was walked whole.
+    batches: list[tuple[int, int, int]] | None = None
+
+
+@dataclass
+class _Log:
+    seq: int
+    segments: list[tuple[int, str]]
+    missing: tuple[int, ...] = ()
+    sizes: list[int] = field(default_factory=list)
+    first_lsn: int | None = None
+    complete_lsn: int | None = None
+    walks: dict[int, _Walk] = field(default_factory=dict)
+
+
+class _Window:
+    """A small sliding window over one segment, for walking headers without payloads."""
+
+    def __init__(self, dest: Destination, name: str, size: int) -> None:
+        self.dest = dest
+        self.name = name
+        self.size = size
+        self.base = 0
+        self.buf = b""
+
+    def get(self, offset: int, length: int) -> bytes:
+        end = min(offset + length, self.size)
+        if offset < self.base or end > self.base + len(self.buf):
+            want = min(max(end - offset, WALK_CHUNK), self.size - offset)
+            self.buf = self.dest.read(self.name, offset, want) if want > 0 else b""
+            self.base = offset
+        lo = offset - self.base
+        return self.buf[lo : lo + (end - offset)]
+
+
+def _walk_segment(
+    dest: Destination, seq: int, number: int, name: str, size: int, *, find_marker: bool, whole: bool
+) -> _Walk:
+    """Batch headers of one segment, stopping at the complete marker unless ``whole``.
+
+    Damage ends the walk quietly: the executors scan every byte and report it precisely.
+    """
+    walk = _Walk(batches=[] if whole else None)
+    w = _Window(dest, name, size)
+    try:
+        sh = parse_segment_header(w.get(0, F.SEGMENT_HEADER_SIZE))
+        if sh.seq != seq or sh.segment != number:
+            return walk
+        walk.first_lsn = sh.first_lsn
+        pos = F.SEGMENT_HEADER_SIZE
+        while pos < size:
+            h = parse_batch_header(w.get(pos, F.BATCH_HEADER_SIZE), pos)
+            if pos + h.size > size:
+                break
+            if walk.batches is not None:
+                walk.batches.append((pos, h.first_lsn, h.size))
+            if find_marker and h.kind == F.KIND_CONTROL and walk.complete_lsn is None:
+                raw = check_payload(h, w.get(pos + F.BATCH_HEADER_SIZE, h.stored_len), pos)
+                if any(c["t"] == F.CONTROL_COMPLETE for c in control_records(h, raw, pos)):
+                    walk.complete_lsn = h.first_lsn - 1
+                    if not whole:
+                        break
+            pos += h.size
+    except Damage as d:
+        log.debug("planning stopped walking %s/%s at %d: %s", dest.url, name, d.offset, d.reason)
+    return walk
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, n)), thread_name_prefix="persistlog-plan")
+
+
+def _first_lsn(dest: Destination, seq: int, segments: list[tuple[int, str]], recovery: str) -> int | None:
+    number, name = segments[0]
+    if number != 0:
+        return None
+    try:
+        sh = parse_segment_header(dest.read(name, 0, F.SEGMENT_HEADER_SIZE))
+    except Damage as d:
+        if recovery == "strict":
+            raise CorruptLogError(d.reason, destination=dest.url, log=seq, segment=name, offset=0) from None
+        return None
+    if sh.seq != seq or sh.segment != 0:
+        if recovery == "strict":
+            raise CorruptLogError(
+                f"segment header says log {sh.seq} segment {sh.segment}",
+                destination=dest.url, log=seq, segment=name, offset=0,
+            )
+        return None
+    return sh.first_lsn
+
+
+def _sizes(dest: Destination, lg: _Log, opts: ReadOptions) -> None:
+    """Every segment's size (and the check that no segment is missing)."""
+    numbers = [n for n, _ in lg.segments]
+    missing = tuple(sorted(set(range(numbers[-1] + 1)) - set(numbers)))
+    if missing:
+        # Same classification as LogScanner: strict fails now, skip reads what is there.
+        if opts.recovery == "strict":
+            raise CorruptLogError(
+                f"segment(s) {list(missing)} missing from the log",
+                destination=dest.url, log=lg.seq, segment=lg.segments[-1][1], offset=0,
+            )
+        log.warning("log %d at %s lacks segment(s) %s", lg.seq, dest.url, list(missing))
+    lg.missing = missing
+    if dest.appendable:
+        lg.sizes = [dest.size(name) for _, name in lg.segments]
+    else:
+        with _pool(len(lg.segments)) as pool:
+            lg.sizes = list(pool.map(dest.size, [name for _, name in lg.segments]))
+
+
+def _survey(dest: Destination, lg: _Log, split_bytes: int) -> None:
+    """The complete marker, and batch offsets of segments bigger than ``split_bytes``."""
+    for (number, name), size in zip(lg.segments, lg.sizes):
+        whole = size > split_bytes
+        find = lg.complete_lsn is None
+        if not (whole or find):
+            continue
+        walk = _walk_segment(dest, lg.seq, number, name, size, find_marker=find, whole=whole)
+        lg.walks[number] = walk
+        if find and walk.complete_lsn is not None:
+            lg.complete_lsn = walk.complete_lsn
+
+
+def split_bytes(total: int, opts: ReadOptions) -> int:
+    """Bytes per partition: at most ``max_partition_bytes``, and small enough to give every
+    core a share of a small read (as Spark's file sources split files)."""
+    share = -(-total // opts.min_partitions)
+    return min(opts.max_partition_bytes, max(MIN_SPLIT_BYTES, share))
+
+
+def _units(lg: _Log, target: int, max_bytes: int) -> list[tuple[int, int, int | None, int]]:
+    """``(segment, offset, LSN or None, bytes)`` pieces, in order: whole segments, and
+    batch-aligned slices of segments bigger than ``target``, none over ``max_bytes``."""
+    units: list[tuple[int, int, int | None, int]] = []
+    for (number, _name), size in zip(lg.segments, lg.sizes):
+        walk = lg.walks.get(number)
+        if size <= target or walk is None or not walk.batches:
+            units.append((number, 0, None, size))
+            continue
+        # Equal shares, cut at the first batch past each share's end (and never more than
+        # max_bytes, unless one batch alone is bigger).
+        pieces = -(-size // target)
+        share = size / pieces
+        start, start_lsn, acc, cut_at = 0, None, F.SEGMENT_HEADER_SIZE, share
+        for offset, lsn, bsize in walk.batches:
+            if offset > start and (offset >= cut_at or acc + bsize > max_bytes):
+                units.append((number, start, start_lsn, offset - start))
+                start, start_lsn, acc = offset, lsn, 0
+                while cut_at <= offset:
+                    cut_at += share
+            acc += bsize
+        units.append((number, start, start_lsn, size - start))
+    return units
+
+
+def plan(opts: ReadOptions) -> list[LogPartition]:
+    """The partitions of a read, in log and LSN order."""
+    dest = open_destination(opts.url, **opts.storage_options)
+    try:
+        return _plan(dest, opts)
+    except FileNotFoundError as e:
+        raise DestinationError(
+            f"a file vanished while planning the read of {opts.url} (retention by a running writer?): {e}"
+        ) from e
+    finally:
+        dest.close()
+
+
+def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
+    listing = list_logs(dest)
+    if not listing:
+        log.warning("no persistlog logs at %s", opts.url)
+        return []
+    seqs = sorted(listing)
+    expect_complete = False
+    if opts.logs == "latest":
+        rp = restore_plan(dest)
+        assert rp.start is not None
+        seqs = [s for s in seqs if s >= rp.start]
+        expect_complete = rp.complete
+    for a, b in zip(seqs, seqs[1:]):
+        if b != a + 1:
+            raise CorruptLogError(
+                f"log {a + 1} is missing between logs {a} and {b}", destination=dest.url, log=a + 1
+            )
+    logs = [_Log(seq, listing[seq]) for seq in seqs]
+    with _pool(len(logs)) as pool:
+        firsts = list(pool.map(lambda lg: _first_lsn(dest, lg.seq, lg.segments, opts.recovery), logs))
+    for lg, first in zip(logs, firsts):
+        lg.first_lsn = first
+    next_first: dict[int, int | None] = {
+        lg.seq: (logs[i + 1].first_lsn if i + 1 < len(logs) else None) for i, lg in enumerate(logs)
+    }
+    kept = [
+        lg
+        for lg in logs
+        if not (opts.from_lsn is not None and (nf := next_first[lg.seq]) is not None and nf <= opts.from_lsn)
+        and not (opts.to_lsn is not None and lg.first_lsn is not None and lg.first_lsn > opts.to_lsn)
+    ]
+    with _pool(len(kept)) as pool:
+        list(pool.map(lambda lg: _sizes(dest, lg, opts), kept))
+    target = split_bytes(sum(sum(lg.sizes) for lg in kept), opts)
+    with _pool(len(kept)) as pool:
+        list(pool.map(lambda lg: _survey(dest, lg, target), kept))
+    if expect_complete and kept and kept[0].seq == seqs[0] and kept[0].complete_lsn is None:
+        if opts.recovery == "strict":
+            raise CorruptLogError(
+                "CURRENT names this log but it has no snapshot-complete marker",
+                destination=dest.url, log=seqs[0],
+            )
+    parts: list[LogPartition] = []
+    prev_base: int | None = None
+    for lg in kept:
+        from_start = opts.from_lsn is None or (lg.first_lsn is not None and opts.from_lsn <= lg.first_lsn)
+        base_from: int | None = None
+        if from_start and lg.first_lsn is not None:
+            # The first log ever holds the whole history: any point in it can be replayed.
+            base_from = 0 if lg.first_lsn == F.FIRST_LSN else lg.complete_lsn
+        parts.extend(_partitions(lg, opts, target, next_first[lg.seq], base_from, prev_base))
+        if base_from is not None:
+            prev_base = lg.seq
+    log.info(
+        "planned %d partition(s) over %d log(s) at %s (%s bytes)",
+        len(parts), len(kept), opts.url, sum(p.nbytes for p in parts),
+    )
+    return parts
+
+
+def _partitions(
+    lg: _Log,
+    opts: ReadOptions,
+    target: int,
+    next_log_lsn: int | None,
+    base_from: int | None,
+    prev_base: int | None,
+) -> list[LogPartition]:
+    units = _units(lg, target, opts.max_partition_bytes)
+    groups: list[list[tuple[int, int, int | None, int]]] = []
+    total = 0
+    for unit in units:
+        if groups and total + unit[3] <= target:
+            groups[-1].append(unit)
+            total += unit[3]
+        else:
+            groups.append([unit])
+            total = unit[3]
+    parts = []
+    for i, group in enumerate(groups):
+        first = group[0]
+        end = (groups[i + 1][0][0], groups[i + 1][0][1]) if i + 1 < len(groups) else None
+        parts.append(
+            LogPartition(
+                url=opts.url,
+                storage_options=opts.storage_options,
+                seq=lg.seq,
+                last_segment=lg.segments[-1][0],
+                missing=lg.missing,
+                start=(first[0], first[1], first[2]),
+                end=end,
+                next_log_lsn=next_log_lsn if end is None else None,
+                base_from=base_from,
+                prev_base=prev_base,
+                from_lsn=opts.from_lsn,
+                to_lsn=opts.to_lsn,
+                recovery=opts.recovery,
+                convention=opts.convention,
+                view=opts.view,
+                nbytes=sum(u[3] for u in group),
+            )
+        )
+    return parts

@@ -1,0 +1,147 @@
+"""State reconstruction: the live resources as of an LSN or a time."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+log = logging.getLogger("spark_replay")
+
+_REQUIRED = ("log_seq", "lsn", "commit_time", "base_log")
+
+
+def _column(value: Column | str | None, df: DataFrame, default: str | None, what: str) -> Column:
+    if isinstance(value, Column):
+        return value
+    if isinstance(value, str):
+        return F.col(value)
+    if value is not None:
+        raise TypeError(f"{what} must be a Column or a column name, not {type(value).__name__}")
+    if default is not None and default in df.columns:
+        return F.col(default)
+    raise ValueError(
+        f"this frame has no {default!r} column: pass {what}= as a column expression "
+        f"(e.g. F.get_json_object('record', '$.id')), or read with convention='resource'"
+    )
+
+
+def _micros(when: datetime.datetime | str) -> int:
+    if isinstance(when, str):
+        try:
+            when = datetime.datetime.fromisoformat(when.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"as_of_time must be an ISO-8601 time with a UTC offset, not {when!r}") from None
+    if not isinstance(when, datetime.datetime):
+        raise TypeError(f"as_of_time must be a datetime or an ISO-8601 string, not {type(when).__name__}")
+    if when.tzinfo is None:
+        raise ValueError("as_of_time needs a time zone (an aware datetime, or an offset such as +00:00)")
+    delta = when - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def resolve_lsn(
+    df: DataFrame, as_of_lsn: int | None = None, as_of_time: datetime.datetime | str | None = None
+) -> int | None:
+    """The LSN a state request means: ``as_of_lsn``, the last record committed at or before
+    ``as_of_time``, or (neither given) the last record in ``df``; None if ``df`` is empty."""
+    if as_of_lsn is not None and as_of_time is not None:
+        raise ValueError("give as_of_lsn or as_of_time, not both")
+    if as_of_lsn is not None:
+        if not isinstance(as_of_lsn, int) or isinstance(as_of_lsn, bool) or as_of_lsn < 1:
+            raise ValueError(f"as_of_lsn must be an integer >= 1 (LSNs start at 1), not {as_of_lsn!r}")
+        return as_of_lsn
+    if as_of_time is not None:
+        cutoff = F.timestamp_micros(F.lit(_micros(as_of_time)))
+        row = df.filter(F.col("commit_time") <= cutoff).agg(F.max("lsn").alias("lsn")).first()
+        if row is None or row["lsn"] is None:
+            raise ValueError(f"no record in this frame was committed at or before {as_of_time}")
+        return int(row["lsn"])
+    row = df.agg(F.max("lsn").alias("lsn")).first()
+    return None if row is None or row["lsn"] is None else int(row["lsn"])
+
+
+def state(
+    df: DataFrame,
+    *,
+    key: Column | str | None = None,
+    op: Column | str | None = None,
+    as_of_lsn: int | None = None,
+    as_of_time: datetime.datetime | str | None = None,
+) -> DataFrame:
+    """The live resources as of ``as_of_lsn`` (or ``as_of_time``; default: the newest record).
+
+    ``df`` is a frame read by the ``persistlog`` source, with all its rows (projections
+    are fine; drop no rows before calling this, since a replay needs the whole history
+    from its starting log). Per key the record with the highest LSN at or before the point
+    wins; if its ``op`` is ``"del"`` the key is absent. Rows whose ``op`` is neither
+    ``"put"`` nor ``"del"`` and rows whose key is null are ignored (as
+    :class:`persistlog.ResourceStore` ignores foreign records).
+
+    ``key`` and ``op`` default to the ``key``/``op`` columns of a ``convention="resource"``
+    frame; for raw frames pass column expressions (``op`` may be omitted: every record is
+    then a put). The replay starts at the newest log whose snapshot was complete at that
+    point, exactly as restore would; ``ValueError`` says so when the point is older than
+    the history the frame holds (retention deleted it, or the read started later).
+
+    Returns one row per live key: ``key`` (the key expression's value) and the winning
+    record's other columns, minus ``op``.
+    """
+    missing = [c for c in _REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"state() needs a frame read by the persistlog source; missing columns {missing}")
+    key_col = _column(key, df, "key", "key")
+    op_col = _column(op, df, "op", "op") if op is not None or "op" in df.columns else F.lit("put")
+    target = resolve_lsn(df, as_of_lsn, as_of_time)
+    if target is None:
+        log.info("state(): the frame holds no record; the state is empty")
+        return _shape(df.limit(0).withColumn("_k", key_col), df)
+    # One aggregate, no sort: the last record at or before the point, and its replay base.
+    point = (
+        df.filter(F.col("lsn") <= target)
+        .agg(F.max("lsn").alias("lsn"), F.max_by("base_log", "lsn").alias("base_log"))
+        .first()
+    )
+    if point is None or point["lsn"] is None:
+        first = df.agg(F.min("lsn")).first()
+        raise ValueError(
+            f"LSN {target} is before the first record this frame holds (LSN {first[0] if first else '?'}); "
+            "its state is older than the retained history"
+        )
+    if point["base_log"] is None:
+        raise ValueError(_too_old(df, target))
+    base = int(point["base_log"])
+    log.info("state as of LSN %d: replaying from log %d", target, base)
+    history = (
+        df.filter((F.col("log_seq") >= base) & (F.col("lsn") <= target))
+        .withColumn("_k", key_col)
+        .withColumn("_op", op_col)
+        .filter(F.col("_k").isNotNull() & F.col("_op").isin("put", "del"))
+    )
+    others = [c for c in history.columns if c not in ("_k", "key", "op")]
+    last = history.groupBy("_k").agg(F.max_by(F.struct(*others), F.col("lsn")).alias("_w"))
+    live = last.filter(F.col("_w._op") == "put")
+    return live.select(F.col("_k").alias("key"), *[F.col(f"_w.{c}").alias(c) for c in others if c != "_op"])
+
+
+def _shape(empty: DataFrame, df: DataFrame) -> DataFrame:
+    others = [c for c in df.columns if c not in ("key", "op")]
+    return empty.select(F.col("_k").alias("key"), *others)
+
+
+def _too_old(df: DataFrame, target: int) -> str:
+    row = df.filter(F.col("base_log").isNotNull()).agg(F.min("lsn").alias("lsn")).first()
+    available: Any = row["lsn"] if row is not None else None
+    if available is None:
+        return (
+            f"cannot reconstruct the state as of LSN {target}: no log in this frame has a complete "
+            "snapshot (its history does not start at a complete log's enumeration)"
+        )
+    return (
+        f"cannot reconstruct the state as of LSN {target}: it is older than the history this frame "
+        f"holds (retention kept no log whose snapshot was complete by then); the earliest point "
+        f"available is LSN {available}"
+    )

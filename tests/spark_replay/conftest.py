@@ -1,0 +1,35 @@
+"""Fixtures of the Spark replay tests: one local Spark session per run, and log helpers.
+
+Spark starts once (about ten seconds) and is shared by every test that asks for
+``spark``; tests that only need the planner or the partition reader run without it.
+Helpers that write and damage logs are in ``srhelpers.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A ``local[2]`` session with the ``persistlog`` source registered."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("pyarrow")
+    import warnings
+
+    import spark_replay
+
+    with warnings.catch_warnings():
+        # PySpark's optional-dependency probes (pandas) warn at session start.
+        warnings.simplefilter("ignore")
+        session = spark_replay.local_session(
+            "persistlog-tests",
+            master="local[2]",
+            conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+        )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

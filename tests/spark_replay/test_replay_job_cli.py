@@ -1,0 +1,51 @@
+"""The replay job's command line, where no Spark is needed: bad input fails fast and clearly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from spark_replay._job import JobError, main, parse_storage_options
+
+
+def test_storage_options_nest_and_parse_json() -> None:
+    assert parse_storage_options(["key=abc", "client_kwargs.endpoint_url=http://h:1", "anon=false", "n=3"]) == {
+        "key": "abc",
+        "client_kwargs": {"endpoint_url": "http://h:1"},
+        "anon": False,
+        "n": 3,
+    }
+    with pytest.raises(JobError, match="KEY=VALUE"):
+        parse_storage_options(["novalue"])
+
+
+def test_missing_log_exits_2_before_starting_spark(tmp_path: Any) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_replay", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "no persistlog logs at" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--convention", "resource", "--key", "x"], "--key/--op are for --convention raw"),
+        (["--convention", "raw", "--op", "x"], "--op needs --key"),
+    ],
+)
+def test_inconsistent_arguments_are_refused(tmp_path: Any, capsys: Any, extra: list[str], message: str) -> None:
+    assert main([str(tmp_path), "--out", str(tmp_path / "out"), *extra], spark=object()) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unknown_protocol_is_bad_input(tmp_path: Any, capsys: Any) -> None:
+    assert main(["nosuchproto://x/y", "--out", str(tmp_path / "out")], spark=object()) == 2
+    assert "cannot open nosuchproto://x/y" in capsys.readouterr().err
