@@ -342,7 +342,9 @@ class ObjectStoreDestination(Destination):
             return self.retry_policy.call(attempt, f"{self}: conditional put {name}", on_retry)
         except (FileExistsError, PreconditionFailed, FileNotFoundError):
             # An attempt that "failed" transiently may have landed: then the bytes are ours.
-            if retried:
+            # A create-only conflict is always checked, since the client library may have
+            # retried a PUT whose response was lost without telling us.
+            if retried or version is None:
                 try:
                     current, new_version = self._read_versioned(name)
                 except FileNotFoundError:

@@ -28,12 +28,16 @@ from destinations import Destination, open_destination
 from . import _format as F
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
-from ._reader import Batch, LogScanner
-from ._restore import plan, scan_from
+from ._decoder import Damage, parse_segment_header
+from ._reader import Batch, LogScanner, list_logs
+from ._restore import ReplayPlan, plan, scan_from
 
 log = logging.getLogger("persistlog")
 
-DEFAULT_POLL_INTERVAL = 0.01
+# A local poll is a stat and a directory read; a remote one is a LIST request, which is
+# billed: poll object stores less often (their writers PUT about once a second anyway).
+LOCAL_POLL_INTERVAL = 0.01
+REMOTE_POLL_INTERVAL = 0.25
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,10 @@ class Follower:
         self._loads = codec.loads
         self._recovery = recovery
         self._sealed = False
+        # Whether the cursor stands at the end of its segment as last seen. Object-store
+        # segments never grow, so once read to the end only a listing is needed; a cursor
+        # handed in (or left mid-segment by a stopped iteration) is checked with a size.
+        self._at_end = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -203,7 +211,9 @@ class Follower:
         while not self._stop.is_set():
             got = False
             for fb in self._poll_once():
-                got = True
+                if not got:
+                    got = True
+                    self._caught_up.clear()
                 yield fb
             if not got:
                 self._caught_up.set()
@@ -221,7 +231,19 @@ class Follower:
             self._caught_up.set()
 
     def _apply(self, batch: Batch, next_lsn: int) -> FollowedBatch:
-        records = batch.records(self._loads)
+        try:
+            records = batch.records(self._loads)
+        except Damage as d:
+            # Checksums held but the records do not decode: corruption like any other.
+            # (Skip mode passes over it: an empty batch, its LSNs not applied.)
+            name = F.segment_name(batch.log, batch.segment)
+            if self._recovery != "skip":
+                raise CorruptLogError(
+                    d.reason, destination=self.dest.url, log=batch.log, segment=name, offset=batch.offset
+                ) from None
+            log.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
+                        self.dest.url, batch.log, name, batch.offset, d.reason)
+            records = []
         if self._replay_batch is not None:
             self._replay_batch(records)
         elif self._replay is not None:
@@ -255,12 +277,23 @@ class Follower:
         p = plan(self.dest)
         if p.start is None:
             return
-        for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=True):
+        if p.pointer is not None:
+            # plan() lists before it reads CURRENT: a writer may have added the segment
+            # holding the complete marker of the log CURRENT names in between. A listing
+            # made after reading CURRENT holds it.
+            logs = list_logs(self.dest)
+            if p.start in logs:
+                p = ReplayPlan(logs, p.start, p.complete, p.pointer)
+        self._at_end = False
+        # Only an appended segment can be caught mid-write; objects are written whole.
+        tail_ok = self.dest.appendable
+        for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
             st = scanner.state
             self._sealed = st.sealed
             self._cursor = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
             if not batch.is_control:
                 yield self._apply(batch, st.next_lsn or batch.first_lsn)
+        self._at_end = True
 
     def _reset(self, why: str) -> Iterator[FollowedBatch]:
         if self._on_reset is None:
@@ -277,16 +310,20 @@ class Follower:
         assert cur is not None
         name = F.segment_name(cur.log, cur.segment)
         later = [n for n in self.dest.list(start_after=name) if F.parse_segment_name(n) is not None]
-        if cur.offset == 0 or (self.dest.appendable and not self._sealed):
+        if cur.offset == 0 or not self._at_end or (self.dest.appendable and not self._sealed):
             # A missing segment raises FileNotFoundError, which resets (see _poll_once).
             size = self.dest.size(name)
             if cur.offset > size:
                 yield from self._reset(f"the cursor is past the end of {name} ({size} bytes)")
                 return
             if size > cur.offset or cur.offset == 0:
-                # The segment is final once anything follows it: a torn end is then dropped.
-                yield from self._scan(cur, name, final=bool(later))
-        for n in later:
+                # The segment is final once anything follows it: a torn end is then dropped
+                # if it ends its log, and is corruption if a later segment of the log exists.
+                more = any(F.parse_segment_name(n)[0] == cur.log for n in later)  # type: ignore[index]
+                yield from self._scan(cur, name, final=bool(later), more_segments=more)
+            else:
+                self._at_end = True
+        for i, n in enumerate(later):
             cur = self._cursor
             assert cur is not None
             parsed = F.parse_segment_name(n)
@@ -295,9 +332,21 @@ class Follower:
             if seq == cur.log and number == cur.segment + 1 and not self._sealed:
                 nxt = Cursor(seq, number, 0, cur.next_lsn)
             elif seq == cur.log + 1 and number == 0:
+                first = None if self._sealed else self._first_lsn(n)
+                if first is not None and first != cur.next_lsn:
+                    # The log we followed ended unsealed where the next one does not begin:
+                    # its end was lost (a secondary detached mid-log, a power loss took bytes
+                    # we had read). Our history and the log's diverged: re-sync.
+                    yield from self._reset(
+                        f"log {seq} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
+                    )
+                    return
                 nxt = Cursor(seq, 0, 0, cur.next_lsn)
                 self._sealed = False
             else:
+                # Retention deleted the cursor's log (FileNotFoundError: a reset, see
+                # _poll_once); if it is still there, something is missing after it.
+                self.dest.size(F.segment_name(cur.log, cur.segment))
                 raise CorruptLogError(
                     f"expected the segment after log {cur.log} segment {cur.segment}, found {n}",
                     destination=self.dest.url,
@@ -306,16 +355,26 @@ class Follower:
                     offset=0,
                 )
             self._cursor = nxt
-            yield from self._scan(nxt, n, final=n != later[-1])
+            more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
+            yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
 
-    def _scan(self, cur: Cursor, name: str, final: bool) -> Iterator[FollowedBatch]:
+    def _first_lsn(self, name: str) -> int | None:
+        """The first LSN a segment's header names (None if damaged: the scan reports it)."""
+        try:
+            return parse_segment_header(self.dest.read(name, 0, F.SEGMENT_HEADER_SIZE)).first_lsn
+        except Damage:
+            return None
+
+    def _scan(self, cur: Cursor, name: str, final: bool, more_segments: bool = False) -> Iterator[FollowedBatch]:
+        self._at_end = False
         scanner = LogScanner(
             self.dest,
             cur.log,
             [(cur.segment, name)],
             recovery=self._recovery,
             start=(cur.segment, cur.offset, cur.next_lsn),
-            tail_ok=not final,
+            tail_ok=not final and self.dest.appendable,
+            more_segments=more_segments,
         )
         for batch in scanner:
             st = scanner.state
@@ -332,6 +391,7 @@ class Follower:
         st = scanner.state
         self._sealed = self._sealed or st.sealed
         self._cursor = Cursor(cur.log, st.position[0], st.position[1], st.next_lsn or cur.next_lsn)
+        self._at_end = True
 
 
 def follow(
@@ -340,7 +400,7 @@ def follow(
     *,
     replay_batch: Callable[[list[Any]], Any] | None = None,
     cursor: Cursor | str | dict[str, Any] | None = None,
-    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    poll_interval: float | None = None,
     on_reset: Callable[[], Any] | None = None,
     storage_options: dict[str, Any] | None = None,
     codec: Codec | None = None,
@@ -353,10 +413,12 @@ def follow(
     If retention deleted what the cursor needs, or the cursor is ahead of the log,
     ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the
     newest complete log; without ``on_reset`` it raises :class:`ResetRequired`.
+    ``poll_interval`` defaults to 10 ms for local directories and 250 ms for object stores,
+    where every poll is one LIST request.
     """
     if replay is not None and replay_batch is not None:
         raise TypeError("follow() takes replay= or replay_batch=, not both")
-    if not isinstance(poll_interval, (int, float)) or poll_interval <= 0:
+    if poll_interval is not None and (not isinstance(poll_interval, (int, float)) or poll_interval <= 0):
         raise ValueError(f"poll_interval must be a positive number of seconds, not {poll_interval!r}")
     if recovery not in ("strict", "skip"):
         raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
@@ -368,7 +430,7 @@ def follow(
         replay,
         replay_batch,
         cursor=_as_cursor(cursor),
-        poll_interval=poll_interval,
+        poll_interval=poll_interval or (LOCAL_POLL_INTERVAL if dest.appendable else REMOTE_POLL_INTERVAL),
         on_reset=on_reset,
         codec=codec or Codec(),
         recovery=recovery,

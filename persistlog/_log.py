@@ -242,13 +242,21 @@ class Log(LogCore):
     # -- background work ----------------------------------------------------------------
 
     def _start_background(self, flush_interval: float, lease_renew: float | None) -> None:
+        # The lease must be renewed on time whatever the flush interval: a lapsed lease
+        # lets a second writer in while this one still writes.
+        period = flush_interval if lease_renew is None else min(flush_interval, lease_renew / 2)
+
         def tick() -> None:
             last_renew = time.monotonic()
-            while not self._stop.wait(flush_interval):
+            last_flush = time.monotonic()
+            while not self._stop.wait(period):
                 try:
                     if self._failed is not None:
                         return
-                    if self._has_pending() or self._sw_pending():
+                    due = time.monotonic() - last_flush >= flush_interval - 1e-3
+                    if due:
+                        last_flush = time.monotonic()
+                    if due and (self._has_pending() or self._sw_pending()):
                         with self._io_lock:
                             if self._failed is None and not self._closed:
                                 # Pending records and an object store's pending segment

@@ -23,7 +23,7 @@ from destinations import Destination, LockHeld, WriterLock
 
 from . import _encoder
 from . import _format as F
-from ._errors import WriterConflict
+from ._errors import DestinationError, WriterConflict
 from ._retention import apply_retention
 from ._segment_writer import SegmentWriter, segment_writer
 
@@ -69,11 +69,17 @@ class Replica:
     def attach(self) -> None:
         """Take the destination's writer lock and start the thread."""
         try:
+            self._take_lock()
+        except OSError as e:
+            raise DestinationError(f"cannot open secondary {self.dest.url} for writing: {e}") from e
+        self._thread.start()
+
+    def _take_lock(self) -> None:
+        try:
             self.dest.ensure()
             self._lock = self.dest.lock(self.writer_id, self.lease_ttl)
         except LockHeld as e:
             raise WriterConflict(f"another writer is using {self.dest.url}: {e}") from e
-        self._thread.start()
 
     # -- events from the Log (called under its I/O lock, in LSN order) -------------------
 
@@ -133,30 +139,52 @@ class Replica:
     # -- the thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
-        last_renew = time.monotonic()
+        last_renew = last_flush = time.monotonic()
+        renew_every = self.lease_ttl / 3
         while True:
+            # Flush on the interval even while events keep coming: waiting for an idle
+            # queue would keep an object store's segments in memory under steady load.
+            # Wake for the lease too, whatever the flush interval: a lapsed lease lets
+            # another writer in.
+            now = time.monotonic()
+            wait = max(0.0, last_flush + self.flush_interval - now)
+            if self._lock is not None and not self.dest.appendable:
+                wait = min(wait, max(0.0, last_renew + renew_every - now))
             try:
-                event = self.queue.get(timeout=self.flush_interval)
+                event = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
             except queue.Empty:
                 event = None
             try:
-                if event is None:
+                if event is not None and event[0] == "close":
+                    try:
+                        if self._sw is not None:
+                            if event[1]:
+                                self._seal()
+                            else:
+                                self._sw.flush()
+                    finally:
+                        self._release()
+                    return
+                if event is not None:
+                    self._handle(event)
+                if time.monotonic() - last_flush >= self.flush_interval:
+                    last_flush = time.monotonic()
                     if self._sw is not None:
                         self._sw.flush()
-                elif event[0] == "close":
-                    if self._sw is not None:
-                        if event[1]:
-                            self._seal()
-                        else:
-                            self._sw.flush()
-                    self._release()
-                    return
-                else:
-                    self._handle(event)
-                if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew > self.lease_ttl / 3:
-                    self._lock.renew()
+                if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
+                    try:
+                        self._lock.renew()
+                    except LockHeld:
+                        # Another writer took the lease over: never write there again
+                        # without taking it back first (at the next log's start).
+                        self._lock = None
+                        raise
             except Exception as e:
+                if event is not None and event[0] == "close":
+                    log.warning("closing secondary %s failed: %s", self.dest.url, e)
+                    self.error = e
+                    return
                 self._detach(e)
 
     def _handle(self, event: tuple[Any, ...]) -> None:
@@ -165,6 +193,9 @@ class Replica:
             _, seq, first, header_batch = event
             if self._sw is not None:
                 self._sw.close()  # the primary seals the old log before starting a new one
+                self._sw = None
+            if self._lock is None:
+                self._take_lock()  # lost or never taken: a secondary is never written unlocked
             if self.error is not None:
                 log.info("re-attaching secondary %s with log %d", self.dest.url, seq)
                 self.error = None
@@ -179,7 +210,7 @@ class Replica:
         if kind == "batch":
             _, data, first, end = event
             sw.append(data, first, end)
-            if sw.dest.appendable:
+            if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
                 sw.flush()
             self._next_lsn = end
             self.batches += 1

@@ -16,7 +16,9 @@ from typing import Any
 from destinations import Destination
 
 from ._codec import Codec
+from ._decoder import Damage
 from ._errors import CorruptLogError, LogNotFoundError
+from ._format import segment_name
 from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, list_logs, read_pointer
 
 log = logging.getLogger("persistlog")
@@ -59,10 +61,12 @@ class ReplayPlan:
 
 
 def plan(dest: Destination) -> ReplayPlan:
+    # CURRENT before the listing: a rotation finishing in between then only adds logs the
+    # listing shows after the one CURRENT names, instead of naming a log not yet listed.
+    pointer = read_pointer(dest)
     logs = list_logs(dest)
     if not logs:
         return ReplayPlan(logs, None, False, None)
-    pointer = read_pointer(dest)
     if pointer is not None and pointer in logs:
         return ReplayPlan(logs, pointer, True, pointer)
     if pointer is not None:
@@ -143,7 +147,19 @@ def restore_from(
             result.logs.append(scanner.seq)
         if batch.is_control:
             continue
-        records = batch.records(loads)
+        try:
+            records = batch.records(loads)
+        except Damage as d:
+            # Checksums held but the records do not decode: corruption like any other.
+            name = segment_name(batch.log, batch.segment)
+            if recovery == "skip":
+                log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
+                            dest.url, batch.log, name, batch.offset, d.reason)
+                scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
+                continue
+            raise CorruptLogError(
+                d.reason, destination=dest.url, log=batch.log, segment=name, offset=batch.offset
+            ) from None
         if replay_batch is not None:
             replay_batch(records)
         else:
