@@ -32,12 +32,12 @@ from ._restore import RestoreResult
 from ._store import ResourceStore
 
 __all__ = [
-    "FORMAT_VERSION",
     "Codec",
     "CorruptLogError",
     "Cursor",
     "DestinationError",
     "EnumerateError",
+    "FORMAT_VERSION",
     "FollowedBatch",
     "Follower",
     "Lag",

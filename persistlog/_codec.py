@@ -18,6 +18,9 @@ import cbor2
 
 from ._format import MAX_CBOR_DEPTH
 
+# Payloads are decoded as one array wrapping the records: one level more than a record.
+SEQUENCE_DEPTH = MAX_CBOR_DEPTH + 1
+
 OBJECT_TAG = 27
 
 T = TypeVar("T")
@@ -142,7 +145,7 @@ class Codec:
             data,
             tag_hook=self._tag_hook,
             semantic_decoders=_SAFE_SEMANTIC,
-            max_depth=MAX_CBOR_DEPTH,
+            max_depth=SEQUENCE_DEPTH,
         )
 
 
@@ -182,5 +185,5 @@ def plain_loads(data: bytes) -> Any:
         data,
         tag_hook=_keep_tag,
         semantic_decoders=_SAFE_SEMANTIC,
-        max_depth=MAX_CBOR_DEPTH,
+        max_depth=SEQUENCE_DEPTH,
     )

@@ -120,6 +120,11 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) 
         elif compression == F.COMPRESSION_ZSTD:
             import zstandard
 
+            # max_output_size only bounds frames without a content size: a frame that
+            # declares one gets that much allocated up front, so check it first.
+            declared = zstandard.frame_content_size(stored)
+            if declared > header.raw_len:
+                raise ValueError(f"zstd frame declares {declared} bytes")
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=header.raw_len)
         else:
             raise ValueError(f"unknown compression flag 0x{compression:04x}")

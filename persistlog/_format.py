@@ -49,7 +49,10 @@ KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK
 MAX_BATCH_BYTES = 64 * 1024 * 1024
 MAX_RECORD_BYTES = 32 * 1024 * 1024
 MAX_POINTER_BYTES = 4096
-MAX_CBOR_DEPTH = 200
+# Deeper than anything cbor2's encoder can write (its recursion overflows the C stack
+# first, somewhere past 6000 levels), so every record a writer logged can be read back;
+# cbor2's decoder is not recursive, so hostile nesting costs no stack.
+MAX_CBOR_DEPTH = 10_000
 
 # Control record types (the "t" key of a control record map).
 CONTROL_HEADER = "header"

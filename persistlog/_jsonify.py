@@ -193,7 +193,7 @@ def _strict_loads(data: bytes) -> Any:
         data,
         tag_hook=_keep_tag,
         semantic_decoders=_SAFE_SEMANTIC,
-        max_depth=MAX_CBOR_DEPTH,
+        max_depth=MAX_CBOR_DEPTH + 1,  # the array wrapping the records
         strict_hashable_types=True,
     )
 

@@ -360,8 +360,13 @@ def open(
         flush_interval=flush_interval,
         compression=compression,
     )
+    codec = codec or Codec()
+    try:
+        codec.encode(metadata)
+    except Exception as e:
+        raise TypeError(f"metadata must be a loggable (CBOR) value: {e}") from None
     dest = _destination(url, storage_options)
-    lg = Log(dest, settings, codec or Codec(), metadata)
+    lg = Log(dest, settings, codec, metadata)
     if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
         raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
     lg._acquire(lease_ttl)

@@ -26,7 +26,7 @@ from destinations import Destination
 
 from . import _encoder
 from . import _format as F
-from ._errors import EnumerateError, LogFailedError, PersistLogError
+from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._writer import LogCore
 
@@ -66,6 +66,7 @@ class Rotator:
         self.last_error: BaseException | None = None
         self.rotating = False
         self._snapshot_bytes = 0
+        self._pointer_moved = True  # whether the last rotation's CURRENT move succeeded
         self._started_at = time.monotonic()
         self._cv = threading.Condition()
         self._queue: list[Future[int]] = []
@@ -82,7 +83,9 @@ class Rotator:
                 fut: Future[int] = Future()
                 fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
                 return fut
-            if coalesce and self._queue:
+            # Join a request not yet started; never one already running (its enumeration
+            # may have passed the change that fired this trigger) or finished.
+            if coalesce and self._queue and not (self._queue[-1].running() or self._queue[-1].done()):
                 return self._queue[-1]
             fut = Future()
             self._queue.append(fut)
@@ -119,6 +122,7 @@ class Rotator:
                     return
                 fut = self._queue[0]
                 self.rotating = True
+            done = False
             try:
                 if fut.set_running_or_notify_cancel():
                     try:
@@ -128,11 +132,16 @@ class Rotator:
                     else:
                         fut.set_result(seq)
                         self._retain()
+                        done = True
             finally:
                 with self._cv:
                     self._queue.pop(0)
                     self.rotating = False
                     self._cv.notify_all()
+            if done:
+                # Batches written while this rotation ran skipped the size and count checks;
+                # check once now, or a trigger crossed meanwhile waits for the next batch.
+                self.check_triggers()
 
     def _rotate(self) -> int:
         core = self.core
@@ -199,8 +208,16 @@ class Rotator:
         except OSError as e:
             # CURRENT is a hint: readers fall back to listing, so this is not fatal.
             log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
+            self._pointer_moved = False
+        else:
+            self._pointer_moved = True
 
     def _retain(self) -> None:
+        if not self._pointer_moved:
+            # Old logs go only once a newer complete log *and its pointer* are durable
+            # (DESIGN invariant 4): wait for a rotation whose CURRENT move succeeds.
+            log.warning("retention at %s postponed: CURRENT was not moved", self.core.dest.url)
+            return
         try:
             apply_retention(self.core.dest, self.known_complete, self.retain, self.core.seq)
         except Exception as e:
@@ -210,8 +227,13 @@ class Rotator:
         """Wait for a running rotation, drop queued ones, stop the thread."""
         with self._cv:
             self._stop = True
-            for fut in self._queue:
-                fut.cancel()  # a running rotation cannot be cancelled and is waited for
+            # The rotation thread owns the head of the queue while `rotating` (it is waited
+            # for); the ones never started fail as the Log does from now on, not with a bare
+            # CancelledError in a rotate(wait=True) caller.
+            start = 1 if self.rotating else 0
+            for fut in self._queue[start:]:
+                fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+            del self._queue[start:]
             self._cv.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join()

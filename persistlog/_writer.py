@@ -39,6 +39,8 @@ COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.
 
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
+# Record bytes one batch may hold, leaving room for a kind bitmap (at most 1/8 of them).
+_BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 
 
 def _too_large(n: int) -> ValueError:
@@ -188,18 +190,24 @@ class LogCore:
         with self._lock:
             if self._blocked:
                 self._check()
+            pos = self._pos
             try:
                 self._enc_encode(record)
             except Exception as e:
-                self._rewind(self._pos)
+                self._rewind(pos)
                 raise encode_error(e) from None
             end = self._tell()
-            if end - self._pos > _MAX_RECORD:
-                self._rewind(self._pos)
-                raise _too_large(end - self._pos)
-            self._pos = end
-            lsn = self._next_lsn
-            self._next_lsn = lsn + 1
+            if end > _MAX_RECORD:
+                # A big record, or a buffer grown past a record's limit: check the size and
+                # cut batches on the slow path (the limit is below a batch's).
+                data = self._take_back(pos, end)
+            else:
+                self._pos = end
+                lsn = self._next_lsn
+                self._next_lsn = lsn + 1
+                data = None
+        if data is not None:
+            lsn, end = self._append_encoded([data], snapshot=False)
         if sync or end >= self._batch_bytes or self._eager:
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
@@ -208,6 +216,42 @@ class LogCore:
         """Drop a partly encoded record (or call) so nothing of it is ever written."""
         self._fp.seek(pos)
         self._fp.truncate()
+
+    def _take_back(self, pos: int, end: int) -> bytes:
+        """The bytes of a record just encoded at ``pos``, removed from the buffer."""
+        data = self._fp.getvalue()[pos:end]
+        self._rewind(pos)
+        return data
+
+    def _append_encoded(self, records: list[bytes], snapshot: bool) -> tuple[int, int]:
+        """Append encoded records, cutting batches so none exceeds the format's limit.
+
+        The slow path for big records and big calls: returns (last LSN, buffered bytes).
+        Nothing is appended if any record is over the size limit.
+        """
+        for data in records:
+            if len(data) > _MAX_RECORD:
+                raise _too_large(len(data))
+        lsn = end = 0
+        i = 0
+        while i < len(records):
+            with self._lock:
+                self._check()
+                end = self._pos
+                while i < len(records) and (end == 0 or end + len(records[i]) <= _BATCH_FILL):
+                    self._fp.write(records[i])
+                    end += len(records[i])
+                    if snapshot:
+                        self._snap.append(self._next_lsn - self._buf_first)
+                    self._next_lsn += 1
+                    i += 1
+                self._pos = end
+                lsn = self._next_lsn - 1
+            if i < len(records):
+                with self._io_lock:  # make room: what is buffered becomes a batch
+                    self._check()
+                    self._write_pending(flush=False)
+        return lsn, end
 
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
         """Append several records; if any cannot be encoded, none is appended."""
@@ -220,19 +264,18 @@ class LogCore:
         except Exception as e:
             raise encode_error(e) from None
         body = memoryview(encoded)[_array_header_len(n):]
-        if len(body) > _MAX_RECORD:
-            # Too big to rule out one oversized record: check each one.
-            for item in items:
-                size = len(self._encode(item))
-                if size > _MAX_RECORD:
-                    raise _too_large(size)
         with self._lock:
             self._check()
-            self._fp.write(body)
-            self._pos = pos = self._tell()
-            self._next_lsn += n
-            lsn = self._next_lsn - 1
-        if n and (sync or pos >= self._batch_bytes or self._eager):
+            fits = len(body) <= _MAX_RECORD and self._pos + len(body) <= _BATCH_FILL
+            if fits:
+                self._fp.write(body)
+                self._pos = end = self._tell()
+                self._next_lsn += n
+                lsn = self._next_lsn - 1
+        if not fits:
+            # Larger than one batch may be: encode record by record and cut batches.
+            lsn, end = self._append_encoded([self._encode(item) for item in items], snapshot=False)
+        if n and (sync or end >= self._batch_bytes or self._eager):
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
 
@@ -240,19 +283,23 @@ class LogCore:
         """Append a snapshot record (from the enumerate callback)."""
         with self._lock:
             self._check()
+            pos = self._pos
             try:
                 self._enc_encode(record)
             except Exception as e:
-                self._rewind(self._pos)
+                self._rewind(pos)
                 raise encode_error(e) from None
             end = self._tell()
-            if end - self._pos > _MAX_RECORD:
-                self._rewind(self._pos)
-                raise _too_large(end - self._pos)
-            self._pos = end
-            lsn = self._next_lsn
-            self._snap.append(lsn - self._buf_first)
-            self._next_lsn = lsn + 1
+            if end > _MAX_RECORD:
+                data = self._take_back(pos, end)
+            else:
+                self._pos = end
+                lsn = self._next_lsn
+                self._snap.append(lsn - self._buf_first)
+                self._next_lsn = lsn + 1
+                data = None
+        if data is not None:
+            lsn, end = self._append_encoded([data], snapshot=True)
         if end >= self._batch_bytes:
             self._commit(lsn, durable=False)
 
@@ -291,8 +338,10 @@ class LogCore:
                 # to do so, and the next sync covers them too.
                 time.sleep(min(self._last_sync_s * 0.5, 0.002))
             with self._io_lock:
-                self._check()
                 if self._durable_lsn <= lsn:
+                    # Not before the durable check: a close() that sealed this record made
+                    # it durable, and its caller must not be told it failed.
+                    self._check()
                     before = self._durable_lsn
                     started = time.perf_counter()
                     self._write_pending()
@@ -431,14 +480,17 @@ class LogCore:
         with self._io_lock:
             if self._closed:
                 return
+            with self._lock:
+                # From here update() raises LogClosedError: every record it accepted before
+                # is in the batch written below, none is accepted and then dropped.
+                self._closed = True
+                self._blocked = True
             try:
                 if self._failed is None and self._sw is not None:
                     self._write_pending(flush=False)
                     self._seal(self._sw, self._written_lsn)
                     self._durable_lsn = self._written_lsn
             finally:
-                self._closed = True
-                self._blocked = True
                 for replica in self._replicas:
                     replica.close(seal=self._failed is None)
                 if self._sw is not None:

@@ -1,0 +1,25 @@
+"""The public surface is exactly ``persistlog.__all__``, kept sorted (as httpx checks its own)."""
+
+from __future__ import annotations
+
+import types
+
+import persistlog
+
+
+def test_all_is_sorted_and_lists_exactly_the_public_names() -> None:
+    public = {
+        name
+        for name, value in vars(persistlog).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert persistlog.__all__ == sorted(persistlog.__all__)
+    assert len(set(persistlog.__all__)) == len(persistlog.__all__)
+    assert set(persistlog.__all__) == public
+
+
+def test_exported_classes_and_functions_belong_to_persistlog() -> None:
+    for name in persistlog.__all__:
+        value = getattr(persistlog, name)
+        if isinstance(value, (type, types.FunctionType)):
+            assert value.__module__ == "persistlog", name
