@@ -153,18 +153,19 @@ def read_pointer(dest: Destination) -> int | None:
     return seq
 
 
-class _SegmentBytes:
+class SegmentBytes:
     """A sliding window over one segment, refilled in large reads."""
 
-    def __init__(self, dest: Destination, name: str, size: int) -> None:
+    def __init__(self, dest: Destination, name: str, size: int, chunk: int = READ_CHUNK) -> None:
         self.dest = dest
         self.name = name
         self.size = size
+        self.chunk = chunk
         self.base = 0
         self.buf = b""
 
     @classmethod
-    def open(cls, dest: Destination, name: str, offset: int) -> _SegmentBytes:
+    def open(cls, dest: Destination, name: str, offset: int) -> SegmentBytes:
         if dest.appendable:
             return cls(dest, name, dest.size(name))
         # Objects never change once written: one ranged GET both sizes a small object and
@@ -181,7 +182,7 @@ class _SegmentBytes:
         if offset < self.base or end > self.base + len(self.buf):
             keep = self.buf[offset - self.base:] if self.base <= offset < self.base + len(self.buf) else b""
             start = offset + len(keep)
-            want = max(end - start, READ_CHUNK)
+            want = max(end - start, self.chunk)
             want = min(want, self.size - start)
             more = self.dest.read(self.name, start, want) if want > 0 else b""
             self.buf = keep + more
@@ -258,7 +259,7 @@ class LogScanner:
                 continue
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
-                seg = _SegmentBytes.open(self.dest, name, resume)
+                seg = SegmentBytes.open(self.dest, name, resume)
             except FileNotFoundError:
                 raise
             except OSError as e:
@@ -278,7 +279,7 @@ class LogScanner:
                 break
 
     def _scan_segment(
-        self, seg: _SegmentBytes, number: int, last: bool, resume: int, next_lsn: int | None
+        self, seg: SegmentBytes, number: int, last: bool, resume: int, next_lsn: int | None
     ) -> Iterator[Batch]:
         st = self.state
         name = seg.name
@@ -382,7 +383,7 @@ class LogScanner:
                 st.seal = c
             # Unknown control types are skipped: later minor versions may add hints.
 
-    def _check_trailer(self, seg: _SegmentBytes, batch: Batch, name: str) -> None:
+    def _check_trailer(self, seg: SegmentBytes, batch: Batch, name: str) -> None:
         end = batch.end
         tail = seg.get(end, F.TRAILER_SIZE + 1)
         if len(tail) == F.TRAILER_SIZE and parse_trailer(tail) == batch.offset:
@@ -409,12 +410,12 @@ class LogScanner:
             return
         self._corrupt("seal batch is not followed by exactly its trailer", name, end, seg.size - end)
 
-    def _segment_sealed(self, seg: _SegmentBytes) -> bool:
+    def _segment_sealed(self, seg: SegmentBytes) -> bool:
         if seg.size < F.SEGMENT_HEADER_SIZE + F.TRAILER_SIZE:
             return False
         return parse_trailer(seg.get(seg.size - F.TRAILER_SIZE, F.TRAILER_SIZE)) is not None
 
-    def _torn_shape(self, seg: _SegmentBytes, pos: int, d: Damage, end: int) -> bool:
+    def _torn_shape(self, seg: SegmentBytes, pos: int, d: Damage, end: int) -> bool:
         """Whether damage at ``pos`` of the last segment looks like an interrupted write:
         the damaged batch reaches the run of zeros (possibly empty) that ends the segment."""
         if d.reason == "batch header checksum mismatch":
@@ -423,7 +424,7 @@ class LogScanner:
             return pos + F.BATCH_HEADER_SIZE > self._zero_tail(seg)
         return d.torn_shape and end >= self._zero_tail(seg)
 
-    def _zero_tail(self, seg: _SegmentBytes) -> int:
+    def _zero_tail(self, seg: SegmentBytes) -> int:
         """Offset where the run of zero bytes ending the segment starts (its size if none)."""
         z = seg.size
         while z > 0:
@@ -435,7 +436,7 @@ class LogScanner:
             z = start
         return 0
 
-    def _skip_target(self, seg: _SegmentBytes, pos: int) -> int:
+    def _skip_target(self, seg: SegmentBytes, pos: int) -> int:
         """Where skip mode resumes: after the damaged batch if its header is sound, else at
         the next plausible batch header (or the end of the segment)."""
         try:

@@ -186,7 +186,8 @@ class LogCore:
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
     def update(self, record: Any, sync: bool = False) -> int:
-        # The hot path: one encode into the batch buffer inside a short critical section.
+        # _buffer(record, False), inlined: the extra call costs update() about a sixth of
+        # its speed (bench: update() against the naive loop), and this is the hot path.
         with self._lock:
             if self._blocked:
                 self._check()
@@ -197,20 +198,45 @@ class LogCore:
                 self._rewind(pos)
                 raise encode_error(e) from None
             end = self._tell()
-            if end > _MAX_RECORD:
-                # A big record, or a buffer grown past a record's limit: check the size and
-                # cut batches on the slow path (the limit is below a batch's).
-                data = self._take_back(pos, end)
-            else:
+            if end <= _MAX_RECORD:
                 self._pos = end
                 lsn = self._next_lsn
                 self._next_lsn = lsn + 1
                 data = None
+            else:
+                data = self._take_back(pos, end)
         if data is not None:
             lsn, end = self._append_encoded([data], snapshot=False)
         if sync or end >= self._batch_bytes or self._eager:
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
+
+    def _buffer(self, record: Any, snapshot: bool) -> tuple[int, int]:
+        """Encode one record into the batch buffer; returns (its LSN, buffered bytes).
+
+        The hot path: one encode inside a short critical section.
+        """
+        with self._lock:
+            if self._blocked:
+                self._check()
+            pos = self._pos
+            try:
+                self._enc_encode(record)
+            except Exception as e:
+                self._rewind(pos)
+                raise encode_error(e) from None
+            end = self._tell()
+            if end <= _MAX_RECORD:
+                self._pos = end
+                lsn = self._next_lsn
+                if snapshot:
+                    self._snap.append(lsn - self._buf_first)
+                self._next_lsn = lsn + 1
+                return lsn, end
+            # A big record, or a buffer grown past a record's limit: check the size and
+            # cut batches on the slow path (the limit is below a batch's).
+            data = self._take_back(pos, end)
+        return self._append_encoded([data], snapshot)
 
     def _rewind(self, pos: int) -> None:
         """Drop a partly encoded record (or call) so nothing of it is ever written."""
@@ -281,25 +307,7 @@ class LogCore:
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
-        with self._lock:
-            self._check()
-            pos = self._pos
-            try:
-                self._enc_encode(record)
-            except Exception as e:
-                self._rewind(pos)
-                raise encode_error(e) from None
-            end = self._tell()
-            if end > _MAX_RECORD:
-                data = self._take_back(pos, end)
-            else:
-                self._pos = end
-                lsn = self._next_lsn
-                self._snap.append(lsn - self._buf_first)
-                self._next_lsn = lsn + 1
-                data = None
-        if data is not None:
-            lsn, end = self._append_encoded([data], snapshot=True)
+        lsn, end = self._buffer(record, True)
         if end >= self._batch_bytes:
             self._commit(lsn, durable=False)
 

@@ -35,7 +35,7 @@ from persistlog._decoder import (
     parse_segment_header,
 )
 from persistlog._errors import CorruptLogError, DestinationError
-from persistlog._reader import list_logs
+from persistlog._reader import SegmentBytes, list_logs
 from persistlog._restore import plan as restore_plan
 
 from ._options import MIN_SPLIT_BYTES, ReadOptions
@@ -113,26 +113,6 @@ class _Log:
     walks: dict[int, _Walk] = field(default_factory=dict)
 
 
-class _Window:
-    """A small sliding window over one segment, for walking headers without payloads."""
-
-    def __init__(self, dest: Destination, name: str, size: int) -> None:
-        self.dest = dest
-        self.name = name
-        self.size = size
-        self.base = 0
-        self.buf = b""
-
-    def get(self, offset: int, length: int) -> bytes:
-        end = min(offset + length, self.size)
-        if offset < self.base or end > self.base + len(self.buf):
-            want = min(max(end - offset, WALK_CHUNK), self.size - offset)
-            self.buf = self.dest.read(self.name, offset, want) if want > 0 else b""
-            self.base = offset
-        lo = offset - self.base
-        return self.buf[lo : lo + (end - offset)]
-
-
 def _walk_segment(
     dest: Destination, seq: int, number: int, name: str, size: int, *, find_marker: bool, whole: bool
 ) -> _Walk:
@@ -141,7 +121,7 @@ def _walk_segment(
     Damage ends the walk quietly: the executors scan every byte and report it precisely.
     """
     walk = _Walk(batches=[] if whole else None)
-    w = _Window(dest, name, size)
+    w = SegmentBytes(dest, name, size, chunk=WALK_CHUNK)
     try:
         sh = parse_segment_header(w.get(0, F.SEGMENT_HEADER_SIZE))
         if sh.seq != seq or sh.segment != number:
