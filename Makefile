@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench soak lint clean
+.PHONY: demo test bench soak reliability lint clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,10 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 soak: $(STAMP)
-	$(PY) -m tests.soak
+	$(PY) tests/soak.py --iterations 1000 --seconds 600 --destinations local,s3 --json build/soak.json
+
+reliability: $(STAMP)
+	$(PY) tests/reliability/report.py --soak-seconds 300 --json build/reliability.json
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

@@ -33,9 +33,10 @@ def _neutral_tag(tag: int) -> Callable[[Any, bool], cbor2.CBORTag]:
     return keep
 
 
-# cbor2 would compile regular expressions (tag 35) and parse MIME messages (tag 36) from
-# untrusted bytes; keep both as inert tags instead.
-_SAFE_SEMANTIC = {35: _neutral_tag(35), 36: _neutral_tag(36)}
+# cbor2 would compile regular expressions (tag 35), parse MIME messages (tag 36) and build
+# shared, possibly cyclic structures (tags 28/29) from untrusted bytes; keep all of them as
+# inert tags instead. persistlog never writes them.
+_SAFE_SEMANTIC = {tag: _neutral_tag(tag) for tag in (28, 29, 35, 36)}
 
 
 class Codec:

@@ -29,8 +29,8 @@ from . import _format as F
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
-from ._reader import Batch, LogScanner, list_logs
-from ._restore import ReplayPlan, plan, scan_from
+from ._reader import Batch, LogScanner
+from ._restore import plan, scan_from
 
 log = logging.getLogger("persistlog")
 
@@ -230,7 +230,9 @@ class Follower:
             log.error("follower of %s stopped: %s", self.dest.url, e)
             self._caught_up.set()
 
-    def _apply(self, batch: Batch, next_lsn: int) -> FollowedBatch:
+    def _apply(self, batch: Batch, next_lsn: int, after: Cursor) -> FollowedBatch:
+        """Replay one batch; the cursor moves past it only once the app took it, so a
+        replay that raises gets the same batch again at the next poll."""
         try:
             records = batch.records(self._loads)
         except Damage as d:
@@ -255,7 +257,8 @@ class Follower:
         if next_lsn - 1 > self._seen_lsn:
             self._seen_lsn = next_lsn - 1
             self._seen_commit_us = commit
-        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, self._cursor)  # type: ignore[arg-type]
+        self._cursor = after
+        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after)
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1
@@ -277,22 +280,17 @@ class Follower:
         p = plan(self.dest)
         if p.start is None:
             return
-        if p.pointer is not None:
-            # plan() lists before it reads CURRENT: a writer may have added the segment
-            # holding the complete marker of the log CURRENT names in between. A listing
-            # made after reading CURRENT holds it.
-            logs = list_logs(self.dest)
-            if p.start in logs:
-                p = ReplayPlan(logs, p.start, p.complete, p.pointer)
         self._at_end = False
         # Only an appended segment can be caught mid-write; objects are written whole.
         tail_ok = self.dest.appendable
         for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
             st = scanner.state
             self._sealed = st.sealed
-            self._cursor = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
-            if not batch.is_control:
-                yield self._apply(batch, st.next_lsn or batch.first_lsn)
+            after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+            if batch.is_control:
+                self._cursor = after
+            else:
+                yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
         self._at_end = True
 
     def _reset(self, why: str) -> Iterator[FollowedBatch]:
@@ -379,15 +377,16 @@ class Follower:
         for batch in scanner:
             st = scanner.state
             next_lsn = st.next_lsn if st.next_lsn is not None else cur.next_lsn
-            self._cursor = Cursor(cur.log, cur.segment, batch.end, next_lsn)
+            after = Cursor(cur.log, cur.segment, batch.end, next_lsn)
             if next_lsn - 1 > self._seen_lsn:
                 self._seen_lsn = next_lsn - 1
                 self._seen_commit_us = batch.header.commit_us
             if batch.is_control:
+                self._cursor = after
                 if st.sealed:
                     self._sealed = True
                 continue
-            yield self._apply(batch, next_lsn)
+            yield self._apply(batch, next_lsn, after)
         st = scanner.state
         self._sealed = self._sealed or st.sealed
         self._cursor = Cursor(cur.log, st.position[0], st.position[1], st.next_lsn or cur.next_lsn)

@@ -17,7 +17,7 @@ from destinations import Destination
 
 from ._codec import Codec
 from ._decoder import Damage
-from ._errors import CorruptLogError, LogNotFoundError
+from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
 from ._format import segment_name
 from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, list_logs, read_pointer
 
@@ -67,15 +67,23 @@ def plan(dest: Destination) -> ReplayPlan:
     logs = list_logs(dest)
     if not logs:
         return ReplayPlan(logs, None, False, None)
-    if pointer is not None and pointer in logs:
+    seqs = sorted(logs)
+    # Only the newest run of consecutive logs can chain up to the newest log: a secondary
+    # that missed logs while detached holds runs separated by gaps.
+    run = len(seqs) - 1
+    while run and seqs[run - 1] == seqs[run] - 1:
+        run -= 1
+    if pointer is not None and pointer in logs and pointer >= seqs[run]:
         return ReplayPlan(logs, pointer, True, pointer)
     if pointer is not None:
-        log.warning("%s/CURRENT names log %d, which is gone; searching the logs", dest.url, pointer)
-    for seq in sorted(logs, reverse=True):
+        log.warning("%s/CURRENT names log %d, which is gone or stale; searching the logs", dest.url, pointer)
+    for seq in reversed(seqs[run:]):
         scanner = LogScanner(dest, seq, logs[seq])
         for _batch in scanner:
             if scanner.state.complete:
                 return ReplayPlan(logs, seq, True, pointer)
+    if pointer is not None and pointer in logs:
+        return ReplayPlan(logs, pointer, True, pointer)  # the gap after it is reported
     oldest = min(logs)
     log.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
     return ReplayPlan(logs, oldest, False, pointer)
@@ -114,6 +122,21 @@ def scan_from(
         expect = st.next_lsn
 
 
+def changed_under(dest: Destination, p: ReplayPlan) -> bool:
+    """Whether a writer moved on since the plan was made: CURRENT names another log, or a
+    segment the plan lists from its start log on is gone (retention deleting as we read)."""
+    assert p.start is not None
+    if p.pointer is not None and read_pointer(dest) != p.pointer:
+        return True
+    now = list_logs(dest)
+    return any(
+        name not in {n for _, n in now.get(seq, [])}
+        for seq, segments in p.logs.items()
+        if seq >= p.start
+        for _, name in segments
+    )
+
+
 def restore_from(
     dest: Destination,
     replay: Callable[[Any], Any] | None = None,
@@ -140,34 +163,44 @@ def restore_from(
     result.complete = p.complete
     states: list[LogState] = []
     current: LogScanner | None = None
-    for scanner, batch in scan_from(dest, p, recovery=recovery):
-        if scanner is not current:
-            current = scanner
-            states.append(scanner.state)
-            result.logs.append(scanner.seq)
-        if batch.is_control:
-            continue
-        try:
-            records = batch.records(loads)
-        except Damage as d:
-            # Checksums held but the records do not decode: corruption like any other.
-            name = segment_name(batch.log, batch.segment)
-            if recovery == "skip":
-                log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
-                            dest.url, batch.log, name, batch.offset, d.reason)
-                scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
+    try:
+        for scanner, batch in scan_from(dest, p, recovery=recovery):
+            if scanner is not current:
+                current = scanner
+                states.append(scanner.state)
+                result.logs.append(scanner.seq)
+            if batch.is_control:
                 continue
-            raise CorruptLogError(
-                d.reason, destination=dest.url, log=batch.log, segment=name, offset=batch.offset
-            ) from None
-        if replay_batch is not None:
-            replay_batch(records)
-        else:
-            assert replay is not None
-            for r in records:
-                replay(r)
-        result.records += len(records)
-        result.last_commit_us = batch.header.commit_us
+            try:
+                records = batch.records(loads)
+            except Damage as d:
+                # Checksums held but the records do not decode: corruption like any other.
+                name = segment_name(batch.log, batch.segment)
+                if recovery == "skip":
+                    log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
+                                dest.url, batch.log, name, batch.offset, d.reason)
+                    scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
+                    continue
+                raise CorruptLogError(
+                    d.reason, destination=dest.url, log=batch.log, segment=name, offset=batch.offset
+                ) from None
+            if replay_batch is not None:
+                replay_batch(records)
+            else:
+                assert replay is not None
+                for r in records:
+                    replay(r)
+            result.records += len(records)
+            result.last_commit_us = batch.header.commit_us
+    except (CorruptLogError, FileNotFoundError) as e:
+        if isinstance(e, FileNotFoundError) and isinstance(e, PersistLogError):
+            raise
+        if changed_under(dest, p):
+            raise DestinationError(
+                f"logs at {dest.url} were deleted while being read (retention by a running "
+                "writer); restore again"
+            ) from e
+        raise
     for st in states:
         if st.torn is not None:
             result.torn_tails.append(st.torn)

@@ -220,7 +220,7 @@ class Rotator:
             return
         try:
             apply_retention(self.core.dest, self.known_complete, self.retain, self.core.seq)
-        except Exception as e:
+        except BaseException as e:  # the rotation thread must outlive anything retention meets
             log.warning("retention at %s failed (will retry after the next rotation): %s", self.core.dest.url, e)
 
     def close(self) -> None:
