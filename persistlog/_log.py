@@ -81,6 +81,8 @@ class Log(LogCore):
         self._signal: int | None = None
         self._signalled = False
         self._opened_at = time.time()
+        self._close_lock = threading.Lock()
+        self._close_done = False
         self._lease_ttl = LEASE_TTL
 
     # -- public API ---------------------------------------------------------------------
@@ -214,18 +216,23 @@ class Log(LogCore):
         }
 
     def close(self) -> None:
-        """Wait for a running enumeration, write what is pending, seal, release the lock."""
-        if self._closed:
-            return
-        self._stop.set()
-        self._rotator.close()
-        if self._ticker is not None and self._ticker is not threading.current_thread():
-            self._ticker.join()
-        self._restore_signal()
-        try:
-            super().close()
-        finally:
-            self.dest.close()
+        """Wait for a running enumeration, write what is pending, seal, release the lock.
+
+        Calls from several threads return once the log is sealed; later calls do nothing.
+        """
+        with self._close_lock:
+            if self._close_done:
+                return
+            self._stop.set()
+            self._rotator.close()
+            if self._ticker is not None and self._ticker is not threading.current_thread():
+                self._ticker.join()
+            self._restore_signal()
+            try:
+                super().close()
+            finally:
+                self._close_done = True
+                self.dest.close()
 
     def __enter__(self) -> Log:
         return self
