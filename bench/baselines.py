@@ -64,6 +64,34 @@ def sqlite_read(path: str) -> dict[Any, Any]:
     return state
 
 
+def sqlite_write_records(records: Sequence[Any], path: str) -> None:
+    """The same records persistlog logs, one CBOR blob per row (a log table in sqlite3)."""
+    dumps = cbor2.dumps
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS log (record BLOB)")
+        with conn:
+            conn.executemany("INSERT INTO log (record) VALUES (?)", ((dumps(r),) for r in records))
+    finally:
+        conn.close()
+
+
+def sqlite_read_records(path: str) -> dict[Any, Any]:
+    """Read the log table back in order, applying each record as restore's replay does."""
+    loads = cbor2.loads
+    state: dict[Any, Any] = {}
+    conn = sqlite3.connect(path)
+    try:
+        for (blob,) in conn.execute("SELECT record FROM log ORDER BY rowid"):
+            r = loads(blob)
+            state[r["key"]] = r["value"]
+    finally:
+        conn.close()
+    return state
+
+
 def sqlite_checkpoint(path: str) -> None:
     """Fold the WAL into the database file, so its size is the data's size."""
     conn = sqlite3.connect(path)
