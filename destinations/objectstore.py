@@ -112,7 +112,14 @@ class ObjectStoreDestination(Destination):
                 self._stats[kind] += 1
             return fn()
 
-        return self.retry_policy.call(attempt, f"{self}: {what}")
+        try:
+            return self.retry_policy.call(attempt, f"{self}: {what}")
+        except (OSError, ValueError, TypeError, PreconditionFailed):
+            raise
+        except Exception as e:
+            # Client-library errors (no credentials, an unreachable endpoint...) leave this
+            # package as built-ins, as the Destination contract says.
+            raise OSError(f"{self}: {what}: {type(e).__name__}: {e}") from e
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name)}"

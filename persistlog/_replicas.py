@@ -79,7 +79,7 @@ class Replica:
             self.dest.ensure()
             self._lock = self.dest.lock(self.writer_id, self.lease_ttl)
         except LockHeld as e:
-            raise WriterConflict(f"another writer is using {self.dest.url}: {e}") from e
+            raise WriterConflict(f"secondary {e}; a destination has one writer at a time") from e
 
     # -- events from the Log (called under its I/O lock, in LSN order) -------------------
 

@@ -150,8 +150,7 @@ class LogCore:
             self.dest.ensure()
             self._lock_handle = self.dest.lock(self.writer_id, ttl)
         except LockHeld as e:
-            holder = f" (held by {e.holder})" if e.holder else ""
-            raise WriterConflict(f"another writer is using {self.dest.url}{holder}: {e}") from e
+            raise WriterConflict(f"{e}; a destination has one writer at a time") from e
         except OSError as e:
             raise DestinationError(f"cannot open {self.dest.url} for writing: {e}") from e
 
