@@ -301,13 +301,19 @@ def is_sealed_log(url: str, seq: int) -> bool:
     return scanner.state.sealed
 
 
-def wait_until(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0,
+               describe: Callable[[], str] | str = "condition") -> Any:
+    """Poll ``predicate`` until it is truthy (returning its value) or fail after ``timeout``."""
     import time
 
     deadline = time.monotonic() + timeout
-    while not pred():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            text = describe() if callable(describe) else describe
+            raise AssertionError(f"timed out after {timeout}s waiting for: {text}")
         time.sleep(0.005)
 
 

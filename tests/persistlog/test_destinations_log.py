@@ -32,6 +32,7 @@ import pytest
 from faults import FaultPlan
 
 import persistlog
+from plhelpers import apply, wait_until
 from destinations import open_destination
 
 PROCS = Path(__file__).resolve().parent / "procs"
@@ -43,11 +44,6 @@ BATCH_HEADER = 40
 # -- helpers ------------------------------------------------------------------------------
 
 
-def apply(state: dict[Any, Any], record: Any) -> None:
-    if record["op"] == "put":
-        state[record["key"]] = record["value"]
-    else:
-        state.pop(record["key"], None)
 
 
 class App:
@@ -143,15 +139,6 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
     return make_where(request.param, request, tmp_path)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, describe: Callable[[], str] | str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {describe() if callable(describe) else describe}")
-        time.sleep(0.02)
 
 
 def is_complete(where: Where, seq: int) -> bool:

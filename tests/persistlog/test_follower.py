@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import persistlog
+from plhelpers import apply, wait_until
 from destinations import open_destination
 from faults import FaultPlan
 
@@ -40,11 +41,6 @@ BATCH_HEADER = 40
 # -- helpers ------------------------------------------------------------------------------
 
 
-def apply(state: dict[Any, Any], record: Any) -> None:
-    if record["op"] == "put":
-        state[record["key"]] = record["value"]
-    else:
-        state.pop(record["key"], None)
 
 
 class Writer:
@@ -146,15 +142,6 @@ def shared_where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
     return make_where(request.param, request, tmp_path)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, describe: Callable[[], str] | str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {describe() if callable(describe) else describe}")
-        time.sleep(0.02)
 
 
 def drain(follower: persistlog.Follower, target_lsn: int, timeout: float = 20.0) -> list[persistlog.FollowedBatch]:

@@ -504,7 +504,7 @@ def test_durability_buffered_reaches_the_os_on_the_timer(log_dir: str) -> None:
     app = App({})
     lg = app.open(log_dir, durability="buffered", flush_interval=0.05)
     app.put("a", 1)
-    wait_until(lambda: _on_disk(log_dir) == {"a": 1}, what="the flush timer")
+    wait_until(lambda: _on_disk(log_dir) == {"a": 1}, describe="the flush timer")
     lg.close()
 
 
@@ -565,7 +565,7 @@ def test_trigger_rotate_bytes(log_dir: str) -> None:
     lg = app.open(log_dir, rotate_bytes=4096, durability="flush")
     for i in range(60):
         app.put(i % 5, "x" * 100)
-    wait_until(lambda: lg.stats()["rotations"] >= 2, what="a size-triggered rotation")
+    wait_until(lambda: lg.stats()["rotations"] >= 2, describe="a size-triggered rotation")
     lg.close()
     assert restore_state(log_dir)[0] == app.data
 
@@ -578,7 +578,7 @@ def test_trigger_rotate_records(log_dir: str) -> None:
     time.sleep(0.2)
     assert lg.stats()["rotations"] == 1  # the open's only
     app.put("tenth", 10)
-    wait_until(lambda: lg.stats()["rotations"] == 2, what="a count-triggered rotation")
+    wait_until(lambda: lg.stats()["rotations"] == 2, describe="a count-triggered rotation")
     lg.close()
     assert restore_state(log_dir)[0] == app.data
 
@@ -586,7 +586,7 @@ def test_trigger_rotate_records(log_dir: str) -> None:
 def test_trigger_rotate_interval(log_dir: str) -> None:
     app = App({"a": 1})
     lg = app.open(log_dir, rotate_interval=0.2, rotate_bytes=None, flush_interval=0.02)
-    wait_until(lambda: lg.stats()["rotations"] >= 3, what="interval rotations")
+    wait_until(lambda: lg.stats()["rotations"] >= 3, describe="interval rotations")
     lg.close()
     assert restore_state(log_dir)[0] == app.data
 
@@ -607,7 +607,7 @@ def test_trigger_explicit_rotate(log_dir: str) -> None:
     assert lg.seq == 1
     assert lg.rotate() == 2 and lg.seq == 2
     assert lg.rotate(wait=False) is None
-    wait_until(lambda: lg.stats()["rotations"] == 3, what="the requested rotation")
+    wait_until(lambda: lg.stats()["rotations"] == 3, describe="the requested rotation")
     lg.close()
     assert log_seqs(log_dir) == [2, 3]
 
@@ -618,7 +618,7 @@ def test_trigger_rotate_on_signal(log_dir: str) -> None:
     lg = app.open(log_dir, rotate_on_signal=signal.SIGUSR1, flush_interval=0.01)
     assert signal.getsignal(signal.SIGUSR1) is not previous
     os.kill(os.getpid(), signal.SIGUSR1)
-    wait_until(lambda: lg.stats()["rotations"] == 2, what="a signal-triggered rotation")
+    wait_until(lambda: lg.stats()["rotations"] == 2, describe="a signal-triggered rotation")
     lg.close()
     assert signal.getsignal(signal.SIGUSR1) is previous
     assert restore_state(log_dir)[0] == app.data
@@ -744,10 +744,10 @@ def test_close_fails_rotations_that_never_started_with_log_closed_error(log_dir:
 
     w = threading.Thread(target=waiter)
     w.start()
-    wait_until(lambda: len(lg._rotator._queue) == 2, what="the queued rotation")
+    wait_until(lambda: len(lg._rotator._queue) == 2, describe="the queued rotation")
     closer = threading.Thread(target=lg.close)
     closer.start()
-    wait_until(lambda: lg._rotator._stop, what="close to begin")
+    wait_until(lambda: lg._rotator._stop, describe="close to begin")
     release.set()
     closer.join(10)
     w.join(10)
@@ -765,7 +765,7 @@ def test_stats_content(log_dir: str) -> None:
     assert s["rotations"] == 1 and s["complete_logs"] == [1] and s["log_seq"] == 1
     assert s["durability"] == "fsync" and not s["failed"] and not s["closed"]
     assert s["last_error"] is None
-    wait_until(lambda: lg.stats()["rotating"] is False, what="retention after the open")
+    wait_until(lambda: lg.stats()["rotating"] is False, describe="retention after the open")
     assert s["next_lsn"] == 3 and s["durable_lsn"] == 2
     assert s["last_rotation"]["seq"] == 1 and s["last_rotation"]["snapshot_records"] == 2
     assert s["destinations"][0]["url"] == log_dir and s["destinations"][0]["role"] == "primary"

@@ -20,17 +20,13 @@ import pytest
 from faults import FaultPlan
 
 import persistlog
+from plhelpers import apply, wait_until
 from destinations import open_destination
 from persistlog import _replicas
 
 # -- helpers ------------------------------------------------------------------------------
 
 
-def apply(state: dict[Any, Any], record: Any) -> None:
-    if record["op"] == "put":
-        state[record["key"]] = record["value"]
-    else:
-        state.pop(record["key"], None)
 
 
 class App:
@@ -95,15 +91,6 @@ def secondary(lg: persistlog.Log, url: str) -> dict[str, Any]:
     raise AssertionError(f"{url} is not among {lg.stats()['destinations']}")
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, describe: Callable[[], str] | str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for: {describe() if callable(describe) else describe}")
-        time.sleep(0.01)
 
 
 def mem_url() -> str:
