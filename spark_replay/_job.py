@@ -13,13 +13,15 @@ under ``spark-submit`` it uses the session spark-submit made.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from persistlog.cli._options import UsageError
+from persistlog.cli._options import parse_storage_options as _parse_cli_storage_options
 
 log = logging.getLogger("spark_replay")
 
@@ -74,25 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
-    """``["a=1", "client_kwargs.endpoint_url=http://h"]`` -> ``{"a": 1, "client_kwargs": {...}}``."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise JobError(f"--storage-option needs KEY=VALUE, not {pair!r}")
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for name in parents:
-            child = node.setdefault(name, {})
-            if not isinstance(child, dict):
-                raise JobError(f"--storage-option {key}: {name} is already set to a value")
-            node = child
-        node[leaf] = value
-    return out
+    """``--storage-option`` values, parsed as the ``persistlog`` CLI parses them."""
+    try:
+        return _parse_cli_storage_options(pairs)
+    except UsageError as e:
+        raise JobError(str(e)) from None
 
 
 @dataclass

@@ -37,7 +37,10 @@ def common_options() -> argparse.ArgumentParser:
 
 
 def parse_storage_options(items: list[str]) -> dict[str, Any]:
-    """``["anon=true", "endpoint_url=http://x"]`` -> ``{"anon": True, "endpoint_url": "http://x"}``."""
+    """``["anon=true", "client_kwargs.endpoint_url=http://h"]`` ->
+    ``{"anon": True, "client_kwargs": {"endpoint_url": "http://h"}}``: VALUE is parsed as JSON
+    when it can be, and a dotted KEY nests (fsspec options such as ``client_kwargs`` are
+    dicts). The one parser of ``--storage-option`` for the CLI and the Spark job."""
     options: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -48,7 +51,14 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
             value: Any = json.loads(raw)
         except ValueError:
             value = raw
-        options[key] = value
+        node = options
+        *parents, leaf = key.split(".")
+        for name in parents:
+            child = node.setdefault(name, {})
+            if not isinstance(child, dict):
+                raise UsageError(f"--storage-option {key}: {name} is already set to a value")
+            node = child
+        node[leaf] = value
     return options
 
 

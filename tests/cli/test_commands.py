@@ -64,6 +64,10 @@ def test_storage_options_parse_as_json_when_they_can() -> None:
 
     got = parse_storage_options(["anon=true", "n=3", 'client_kwargs={"region_name": "eu"}', "endpoint_url=http://h:1"])
     assert got == {"anon": True, "n": 3, "client_kwargs": {"region_name": "eu"}, "endpoint_url": "http://h:1"}
+    # A dotted key nests, as the Spark job's --storage-option does (one parser serves both).
+    assert parse_storage_options(["client_kwargs.endpoint_url=http://h:1"]) == {
+        "client_kwargs": {"endpoint_url": "http://h:1"}
+    }
 
 
 # -- info ---------------------------------------------------------------------------------
