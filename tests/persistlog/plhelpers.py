@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 
 import persistlog
+from batches import batch_offsets
 from persistlog import _decoder
 from persistlog import _format as F
 
@@ -249,22 +250,6 @@ def segment_sizes(path: str | os.PathLike[str]) -> dict[str, int]:
     return sizes
 
 
-def batch_offsets(segment_path: str) -> list[tuple[int, int, int]]:
-    """``(offset, size, kind)`` of every intact batch in a segment file, in order."""
-    with open(segment_path, "rb") as f:
-        data = f.read()
-    out = []
-    pos = F.SEGMENT_HEADER_SIZE
-    while pos + F.BATCH_HEADER_SIZE <= len(data):
-        try:
-            h = _decoder.parse_batch_header(data[pos: pos + F.BATCH_HEADER_SIZE], pos)
-        except _decoder.Damage:
-            break
-        if pos + h.size > len(data):
-            break
-        out.append((pos, h.size, h.kind))
-        pos += h.size
-    return out
 
 
 def fill_disk(lg: persistlog.Log) -> None:

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import persistlog
+from batches import batch_offsets as batch_spans
 from persistlog import _decoder
 from persistlog import _format as F
 
@@ -41,22 +42,6 @@ def store_state(url: str, **options: Any) -> tuple[dict[Any, Any], int]:
     return data, result.last_lsn
 
 
-def batch_spans(segment_path: str) -> list[tuple[int, int, int]]:
-    """``(offset, size, kind)`` of every intact batch of a segment file."""
-    with open(segment_path, "rb") as f:
-        data = f.read()
-    out = []
-    pos = F.SEGMENT_HEADER_SIZE
-    while pos + F.BATCH_HEADER_SIZE <= len(data):
-        try:
-            h = _decoder.parse_batch_header(data[pos : pos + F.BATCH_HEADER_SIZE], pos)
-        except _decoder.Damage:
-            break
-        if pos + h.size > len(data):
-            break
-        out.append((pos, h.size, h.kind))
-        pos += h.size
-    return out
 
 
 def unseal(segment_path: str) -> int:
