@@ -21,11 +21,9 @@ from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from . import _encoder
-from . import _format as F
 from ._errors import DestinationError, WriterConflict
 from ._retention import apply_retention
-from ._segment_writer import SegmentWriter, segment_writer
+from ._segment_writer import SegmentWriter, move_pointer, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
@@ -220,24 +218,19 @@ class Replica:
         elif kind == "complete":
             seq = event[1]
             sw.sync()
-            try:
-                self.dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
-            except OSError as e:
-                log.warning("could not move %s/CURRENT to log %d: %s", self.dest.url, seq, e)
+            moved = move_pointer(self.dest, seq)
             self._known_complete.append(seq)
             with self._complete_event:
                 self.complete_seq = seq
                 self._complete_event.notify_all()
-            apply_retention(self.dest, self._known_complete, self.retain, seq)
+            if moved:  # as on the primary: old logs go only after the pointer moved
+                apply_retention(self.dest, self._known_complete, self.retain, seq)
 
     def _seal(self) -> None:
         sw = self._sw
         if sw is None:
             return
-        from ._writer import now_us
-
-        record = {"t": F.CONTROL_SEAL, "next_lsn": self._next_lsn}
-        sw.seal(_encoder.control_batch([record], self._next_lsn, now_us()))
+        sw.seal(seal_batch(self._next_lsn))
         self._sw = None
 
     def _detach(self, e: BaseException) -> None:

@@ -22,12 +22,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from destinations import Destination
-
-from . import _encoder
 from . import _format as F
 from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
+from ._segment_writer import move_pointer
 from ._writer import LogCore
 
 log = logging.getLogger("persistlog")
@@ -187,7 +185,7 @@ class Rotator:
             core._sync_primary()
             sw = core._current_writer
             self._snapshot_bytes = sw.bytes_written if sw is not None else 0
-        self._move_pointer(core.dest, seq)
+        self._pointer_moved = move_pointer(core.dest, seq)
         self.known_complete.append(seq)
         self.rotations += 1
         self.last_rotation = {
@@ -201,16 +199,6 @@ class Rotator:
         if self.on_complete is not None:
             self.on_complete(seq)
         return seq
-
-    def _move_pointer(self, dest: Destination, seq: int) -> None:
-        try:
-            dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
-        except OSError as e:
-            # CURRENT is a hint: readers fall back to listing, so this is not fatal.
-            log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
-            self._pointer_moved = False
-        else:
-            self._pointer_moved = True
 
     def _retain(self) -> None:
         if not self._pointer_moved:

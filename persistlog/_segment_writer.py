@@ -13,10 +13,39 @@ Both are used under the Log's I/O lock: no method here is called concurrently.
 
 from __future__ import annotations
 
+import logging
+import time
+
 from destinations import AppendFile, Destination
 
 from . import _encoder
 from . import _format as F
+
+log = logging.getLogger("persistlog")
+
+
+def now_us() -> int:
+    """Commit times: microseconds since the Unix epoch."""
+    return time.time_ns() // 1000
+
+
+def seal_batch(next_lsn: int) -> bytes:
+    """The control batch that ends a log whose successor starts at ``next_lsn``."""
+    return _encoder.control_batch([{"t": F.CONTROL_SEAL, "next_lsn": next_lsn}], next_lsn, now_us())
+
+
+def move_pointer(dest: Destination, seq: int) -> bool:
+    """Point CURRENT at complete log ``seq``; False (logged) if that failed.
+
+    CURRENT is a hint, so a failure is not fatal, but retention must wait for a move that
+    succeeds (old logs go only once a newer complete log *and its pointer* are durable).
+    """
+    try:
+        dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
+    except OSError as e:
+        log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
+        return False
+    return True
 
 
 class SegmentWriter:

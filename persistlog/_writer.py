@@ -30,7 +30,7 @@ from . import _format as F
 from ._codec import Codec, encode_error
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._replicas import Replica
-from ._segment_writer import ObjectSegments, SegmentWriter, segment_writer
+from ._segment_writer import ObjectSegments, SegmentWriter, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
@@ -51,9 +51,6 @@ def _array_header_len(n: int) -> int:
     """Bytes of a definite-length CBOR array header for ``n`` items."""
     return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
 
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 class _Settings:
@@ -479,8 +476,7 @@ class LogCore:
             return sw
 
     def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
-        record = {"t": F.CONTROL_SEAL, "next_lsn": next_lsn}
-        self._guarded(lambda: sw.seal(_encoder.control_batch([record], next_lsn, now_us())))
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn)))
 
     def close(self) -> None:
         """Write what is pending and seal the current log."""
