@@ -4,9 +4,10 @@ Two locks split the work. ``_lock`` guards the in-memory batch under constructio
 LSN counter; ``update()`` holds it for an append and nothing more. ``_io_lock`` serialises
 everything that touches storage, so batches reach each destination in LSN order. A thread
 that needs its record written (``flush``/``fsync`` modes, ``sync=True``, or a full batch)
-takes ``_io_lock``; whoever holds it writes *all* records appended so far in one batch and,
-if asked, one fsync. Threads that queued behind it find their record already covered and
-return: that is the group commit.
+takes ``_io_lock``; whoever holds it writes *all* records appended so far in one batch.
+Threads that queued behind it find their record already covered and return. Threads that
+need their record durable go through the group commit (``_group_commit``), which shares
+each fsync among all of them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -29,6 +29,7 @@ from . import _encoder
 from . import _format as F
 from ._codec import Codec, encode_error
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
+from ._group_commit import GroupCommit
 from ._replicas import Replica
 from ._segment_writer import ObjectSegments, SegmentWriter, now_us, seal_batch, segment_writer
 
@@ -110,10 +111,9 @@ class LogCore:
         self._encode = codec.encode
         self._lock = threading.Lock()
         self._io_lock = threading.RLock()
-        self._sync_cv = threading.Condition(threading.Lock())
-        self._syncing = False
-        self._last_group = 0
-        self._last_sync_s = 0.0
+        self._group = GroupCommit(
+            self._sync_pending, lambda: self._durable_lsn, self._check, f"persistlog-sync {dest.url}"
+        )
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
@@ -312,7 +312,7 @@ class LogCore:
     def _commit(self, lsn: int, durable: bool) -> None:
         """Return once the record at ``lsn`` is written (and durable if asked)."""
         if durable:
-            self._commit_durable(lsn)
+            self._group.wait(lsn)
             return
         if self._written_lsn > lsn:
             return
@@ -322,40 +322,14 @@ class LogCore:
             self._check()
             self._write_pending()
 
-    def _commit_durable(self, lsn: int) -> None:
-        # One thread at a time leads a sync; the others sleep on the condition and are
-        # woken together when it finishes, so one fsync releases every record it covered
-        # without a convoy through the I/O lock.
-        cv = self._sync_cv
-        with cv:
-            while self._durable_lsn <= lsn:
-                if not self._syncing:
-                    self._syncing = True
-                    break
-                cv.wait()
-            else:
-                return
-        try:
-            if self._last_group > 1:
-                # Others were syncing alongside last time, and the threads that sync woke
-                # have not appended their next records yet: give them a fraction of a sync
-                # to do so, and the next sync covers them too.
-                time.sleep(min(self._last_sync_s * 0.5, 0.002))
-            with self._io_lock:
-                if self._durable_lsn <= lsn:
-                    # Not before the durable check: a close() that sealed this record made
-                    # it durable, and its caller must not be told it failed.
-                    self._check()
-                    before = self._durable_lsn
-                    started = time.perf_counter()
-                    self._write_pending()
-                    self._sync_primary()
-                    self._last_sync_s = time.perf_counter() - started
-                    self._last_group = self._durable_lsn - before
-        finally:
-            with cv:
-                self._syncing = False
-                cv.notify_all()
+    def _sync_pending(self) -> None:
+        """Write every appended record and make it durable (the group commit's sync)."""
+        with self._io_lock:
+            # Not before the durable check: a close() that sealed the records made them
+            # durable, and their callers must not be told they failed.
+            self._check()
+            self._write_pending()
+            self._sync_primary()
 
     def _write_pending(self, flush: bool = True) -> None:
         """Frame every appended record into one batch and hand it over. Holds ``_io_lock``."""
@@ -483,6 +457,7 @@ class LogCore:
         with self._io_lock:
             if self._closed:
                 return
+            self._group.stop()
             with self._lock:
                 # From here update() raises LogClosedError: every record it accepted before
                 # is in the batch written below, none is accepted and then dropped.

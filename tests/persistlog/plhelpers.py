@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, settings
 
 import persistlog
 from batches import batch_offsets
+from polling import wait_until  # noqa: F401 - the tests import it from here
 from persistlog import _decoder
 from persistlog import _format as F
 
@@ -284,22 +285,6 @@ def is_sealed_log(url: str, seq: int) -> bool:
     for _batch in scanner:
         pass
     return scanner.state.sealed
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0,
-               describe: Callable[[], str] | str = "condition") -> Any:
-    """Poll ``predicate`` until it is truthy (returning its value) or fail after ``timeout``."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            text = describe() if callable(describe) else describe
-            raise AssertionError(f"timed out after {timeout}s waiting for: {text}")
-        time.sleep(0.005)
 
 
 def truncate(path: str, size: int) -> None:

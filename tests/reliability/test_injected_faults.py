@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import threading
 import time
 import uuid
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 from crashsim import CrashSim
+from polling import wait_until
 from relkit import App, Model, apply, check_prefix, restore_state
 
 import persistlog
@@ -264,6 +266,94 @@ def test_slow_fsync_group_commits_and_loses_nothing(tmp_path: Path) -> None:
     sim.power_loss("drop")
     state, _ = restore_state(str(tmp_path / "log"))
     assert state == app.data
+
+
+def test_failed_group_sync_fails_every_thread_it_covered(tmp_path: Path) -> None:
+    """Threads parked on one shared fsync that fails: none of them is told its update is
+    durable, the Log fails, and after a power loss exactly the acknowledged updates are
+    there."""
+    sim = CrashSim(record=False)
+    sim.delay_at("before:append.sync segment", 0.02)
+    url, opts = sim.local(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, storage_options=opts, **FSYNC)
+    acked: dict[str, int] = {}
+    failures: list[BaseException] = []
+    started = threading.Barrier(8)
+
+    def writer(t: int) -> None:
+        started.wait()
+        try:
+            for i in range(1000):
+                lg.update({"op": "put", "key": f"t{t}", "value": i, "pad": PAD})
+                acked[f"t{t}"] = i
+        except LogFailedError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: lg.stats()["syncs"] >= 5, describe="a few shared syncs")
+    sim.fsync_fails(nth=1)
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a thread never returned from a failed sync"
+    assert len(failures) == 8, failures
+    assert lg.stats()["syncs"] < sum(acked.values()) + len(acked), "syncs were not shared"
+    lg.close()
+    sim.power_loss("drop")
+    state, _ = restore_state(str(tmp_path / "log"))
+    # The failed sync lost what it was to make durable: each thread's last acknowledged
+    # update is exactly what survives.
+    assert state == acked
+
+
+def test_interrupted_waiter_does_not_strand_the_others(tmp_path: Path) -> None:
+    """Ctrl-C in a thread parked for a shared fsync: that thread gets KeyboardInterrupt,
+    and every other thread parked with it is still released (none waits forever)."""
+    sim = CrashSim(record=False)
+    url, opts = sim.local(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, storage_options=opts, **FSYNC)
+    in_sync = threading.Event()
+    release = threading.Event()
+
+    def slow_sync(label: str, point: str) -> None:
+        in_sync.set()
+        release.wait(10)
+
+    sim.on("before:append.sync segment", slow_sync)
+    leader = threading.Thread(target=lg.update, args=({"op": "put", "key": "lead", "value": 0},))
+    leader.start()
+    assert in_sync.wait(10)
+    # The sync is stuck: every update(sync) from here parks. The main thread parks first,
+    # so the chain of wake-ups goes through it.
+    done: list[int] = []
+
+    def follower(t: int) -> None:
+        done.append(lg.update({"op": "put", "key": f"f{t}", "value": t}))
+
+    followers = [threading.Thread(target=follower, args=(t,)) for t in range(4)]
+
+    def interrupt() -> None:
+        for t in followers:
+            t.start()
+        wait_until(lambda: len(lg._group._waiters) == 5, describe="five parked threads")
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(0.05)
+        release.set()
+
+    helper = threading.Thread(target=interrupt)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        lg.update({"op": "put", "key": "main", "value": 1})
+    helper.join(10)
+    leader.join(10)
+    for t in followers:
+        t.join(10)
+    assert not any(t.is_alive() for t in [leader, *followers]), "a parked thread was stranded"
+    assert len(done) == 4
+    lg.close()
+    state, _ = restore_state(str(tmp_path / "log"))
+    assert {f"f{t}" for t in range(4)} | {"lead"} <= set(state)
 
 
 # -- secondaries ------------------------------------------------------------------------------

@@ -1,0 +1,162 @@
+"""Group commit: many threads waiting for durability share each sync.
+
+A thread that needs its record durable when nobody else is syncing or waiting syncs by
+itself, so a lone caller pays one sync and no thread hand-off. Threads that arrive while
+a sync runs park, each on a lock of its own, and one sync thread serves them: it syncs
+whatever has been appended by then, and releases every thread that sync covered.
+
+Why a sync thread rather than a caller leading the next sync: in CPython a woken thread
+must take the GIL before it can do anything, and on a small machine each such hand-off
+costs tens of microseconds, a tenth of an fsync. With a caller as leader those hand-offs
+sit between one sync and the next. With the sync thread the next sync starts as soon as
+the last one ends, while the threads it released append their next records alongside it
+(an fsync releases the GIL).
+
+Why released one by one, each by the one before it: a crowd of threads woken together
+all fight over the GIL, and that fight costs more than the chain (the bench measured
+about 6x with the crowd against 9x with the chain, 32 threads against one).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from ._errors import LogFailedError
+
+log = logging.getLogger("persistlog")
+
+
+class _Waiter:
+    """A parked thread: its record's LSN, the lock it sleeps on, and who to wake after it."""
+
+    __slots__ = ("lsn", "lock", "next", "gone")
+
+    def __init__(self, lsn: int) -> None:
+        self.lsn = lsn
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.next: _Waiter | None = None
+        self.gone = False  # stopped waiting (interrupted): wake the next one instead
+
+
+class GroupCommit:
+    """Waits for durability on behalf of the writer's callers.
+
+    ``sync()`` makes every record appended so far durable, or raises (having put the log
+    in its failed state); ``durable()`` is the first LSN not yet durable; ``check()``
+    raises the log's failed or closed state.
+    """
+
+    def __init__(
+        self,
+        sync: Callable[[], None],
+        durable: Callable[[], int],
+        check: Callable[[], None],
+        name: str,
+    ) -> None:
+        self._sync = sync
+        self._durable = durable
+        self._check = check
+        self._name = name
+        self._cv = threading.Condition(threading.Lock())
+        self._chain = threading.Lock()
+        self._waiters: list[_Waiter] = []
+        self._busy = False  # a caller or the sync thread is syncing
+        self._idle = False  # the sync thread sleeps on _cv
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._error: BaseException | None = None
+
+    def wait(self, lsn: int) -> None:
+        """Return once the record at ``lsn`` is durable; raise if it cannot become so."""
+        if self._durable() > lsn:
+            return
+        with self._cv:
+            # Lead only when nobody is syncing or waiting: callers leading while others
+            # wait would keep the sync thread from ever running.
+            lead = self._stopped or not (self._busy or self._waiters)
+            if lead:
+                self._busy = True
+            else:
+                waiter = _Waiter(lsn)
+                self._waiters.append(waiter)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                    self._thread.start()
+                elif self._idle:
+                    self._cv.notify()
+        if lead:
+            try:
+                if self._durable() <= lsn:
+                    self._sync()
+            finally:
+                with self._cv:
+                    self._busy = False
+                    if self._waiters and self._idle:
+                        self._cv.notify()
+            return
+        try:
+            waiter.lock.acquire()
+        except BaseException:  # KeyboardInterrupt in the main thread
+            self._leave(waiter)
+            raise
+        self._wake(waiter.next)
+        if self._durable() > lsn:
+            return
+        # Not durable: the sync failed, or the log closed first. Say which.
+        self._check()
+        error = self._error
+        raise LogFailedError(f"a sync failed: {error}") from error
+
+    def stop(self) -> None:
+        """Let the sync thread end once it has released its waiters."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+
+    def _wake(self, waiter: _Waiter | None) -> None:
+        """Wake ``waiter``, or the first one after it still waiting."""
+        while waiter is not None:
+            with self._chain:
+                if not waiter.gone:
+                    waiter.lock.release()
+                    return
+            waiter = waiter.next
+
+    def _leave(self, waiter: _Waiter) -> None:
+        """Stop waiting; if our turn had already come, pass it on so the chain goes on."""
+        with self._chain:
+            waiter.gone = True
+            woken = waiter.lock.acquire(blocking=False)
+        if woken:
+            self._wake(waiter.next)
+
+    def _run(self) -> None:
+        cv = self._cv
+        while True:
+            with cv:
+                while self._busy or not self._waiters:
+                    if self._stopped and not self._waiters:
+                        self._thread = None
+                        return
+                    self._idle = True
+                    cv.wait()
+                    self._idle = False
+                self._busy = True
+                waiters = self._waiters
+                self._waiters = []
+            try:
+                # A caller leading a sync in the meantime may have covered them all.
+                if self._durable() <= max(w.lsn for w in waiters):
+                    self._sync()
+            except BaseException as e:  # the log is failed or closed: each waiter says which
+                self._error = e
+                log.debug("group sync failed: %s", e)
+            finally:
+                with cv:
+                    self._busy = False
+                for before, after in zip(waiters, waiters[1:]):
+                    before.next = after
+                self._wake(waiters[0])
