@@ -10,8 +10,9 @@ interrupted write.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from . import _format as F
 from ._codec import plain_loads
@@ -196,4 +197,52 @@ def is_snapshot(kind: int, bitmap: bytes | None, index: int) -> bool:
     if bitmap is None:
         return False
     return bool(bitmap[index >> 3] & (1 << (index & 7)))
+
+
+class RecordKinds(Sequence[str]):
+    """The kind of each record of a batch, ``"update"`` or ``"snapshot"``.
+
+    Worked out from the batch's kind and bitmap when asked, so that readers which never
+    look at kinds pay nothing for them. Compares equal to a list of the same kinds.
+    """
+
+    __slots__ = ("_kind", "_bitmap", "_n")
+
+    def __init__(self, kind: int, bitmap: bytes | None, n: int) -> None:
+        self._kind = kind
+        self._bitmap = bitmap
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._n))]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("record index out of range")
+        return "snapshot" if is_snapshot(self._kind, self._bitmap, index) else "update"
+
+    def __iter__(self) -> Iterator[str]:
+        if self._bitmap is None:
+            kind = "snapshot" if self._kind == F.KIND_SNAPSHOT else "update"
+            return iter([kind] * self._n)
+        return iter(self[0 : self._n])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (RecordKinds, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"RecordKinds({list(self)!r})"
 

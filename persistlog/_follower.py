@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -82,13 +82,18 @@ class Cursor:
 
 @dataclass(frozen=True)
 class FollowedBatch:
-    """One batch a follower applied: its records and the cursor just after it."""
+    """One batch a follower applied: its records and the cursor just after it.
+
+    ``kinds[i]`` is ``"update"`` or ``"snapshot"`` (written by an enumeration) for
+    ``records[i]``.
+    """
 
     records: list[Any]
     first_lsn: int
     last_lsn: int
     commit_time: float
     cursor: Cursor
+    kinds: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -233,8 +238,9 @@ class Follower:
     def _apply(self, batch: Batch, next_lsn: int, after: Cursor) -> FollowedBatch:
         """Replay one batch; the cursor moves past it only once the app took it, so a
         replay that raises gets the same batch again at the next poll."""
+        kinds: Sequence[str]
         try:
-            records = batch.records(self._loads)
+            records, kinds = batch.records_and_kinds(self._loads)
         except Damage as d:
             # Checksums held but the records do not decode: corruption like any other.
             # (Skip mode passes over it: an empty batch, its LSNs not applied.)
@@ -245,7 +251,7 @@ class Follower:
                 ) from None
             log.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
                         self.dest.url, batch.log, name, batch.offset, d.reason)
-            records = []
+            records, kinds = [], []
         if self._replay_batch is not None:
             self._replay_batch(records)
         elif self._replay is not None:
@@ -258,7 +264,7 @@ class Follower:
             self._seen_lsn = next_lsn - 1
             self._seen_commit_us = commit
         self._cursor = after
-        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after)
+        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after, kinds)
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1

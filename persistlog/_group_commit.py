@@ -44,14 +44,15 @@ class _Waiter:
 class GroupCommit:
     """Waits for durability on behalf of the writer's callers.
 
-    ``sync()`` makes every record appended so far durable, or raises (having put the log
-    in its failed state); ``durable()`` is the first LSN not yet durable; ``check()``
-    raises the log's failed or closed state.
+    ``sync(lsn)`` makes every record appended so far durable unless the record at
+    ``lsn`` already is (checked under the writer's I/O lock), or raises (having put the
+    log in its failed state, or finding it closed); ``durable()`` is the first LSN not yet
+    durable; ``check()`` raises the log's failed or closed state.
     """
 
     def __init__(
         self,
-        sync: Callable[[], None],
+        sync: Callable[[int], None],
         durable: Callable[[], int],
         check: Callable[[], None],
         name: str,
@@ -89,8 +90,7 @@ class GroupCommit:
                     self._cv.notify()
         if lead:
             try:
-                if self._durable() <= lsn:
-                    self._sync()
+                self._sync(lsn)
             finally:
                 with self._cv:
                     self._busy = False
@@ -148,9 +148,7 @@ class GroupCommit:
                 waiters = self._waiters
                 self._waiters = []
             try:
-                # A caller leading a sync in the meantime may have covered them all.
-                if self._durable() <= max(w.lsn for w in waiters):
-                    self._sync()
+                self._sync(max(w.lsn for w in waiters))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 self._error = e
                 log.debug("group sync failed: %s", e)

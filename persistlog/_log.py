@@ -99,8 +99,9 @@ class Log(LogCore):
     update_many = LogCore.update_many
     update_many.__doc__ = """Append several records as one unit; returns the LSN of the last.
 
-    Every record is encoded first: if any cannot be, ``TypeError`` is raised and none is
-    written.
+    The records go into one batch, so a crash keeps all of them or none. Every record is
+    encoded first: if any cannot be, ``TypeError`` is raised and none is written; if
+    together they are more than one batch holds (about 56 MiB), ``ValueError``.
     """
 
     def sync(self) -> None:

@@ -19,9 +19,9 @@ from . import _format as F
 from ._decoder import (
     BatchHeader,
     Damage,
+    RecordKinds,
     check_payload,
     control_records,
-    is_snapshot,
     parse_batch_header,
     parse_pointer,
     parse_segment_header,
@@ -68,13 +68,10 @@ class Batch:
         """The app records, decoded with ``loads`` (a Codec's)."""
         return split_records(self.header, self.raw, self.offset, loads)[0]
 
-    def records_and_kinds(self, loads: Callable[[bytes], Any]) -> tuple[list[Any], list[str]]:
+    def records_and_kinds(self, loads: Callable[[bytes], Any]) -> tuple[list[Any], RecordKinds]:
+        """The app records, and the kind of each (``"update"`` or ``"snapshot"``)."""
         records, bitmap = split_records(self.header, self.raw, self.offset, loads)
-        kind = self.header.kind
-        kinds = [
-            "snapshot" if is_snapshot(kind, bitmap, i) else "update" for i in range(len(records))
-        ]
-        return records, kinds
+        return records, RecordKinds(self.header.kind, bitmap, len(records))
 
 
 @dataclass(slots=True)

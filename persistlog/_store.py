@@ -28,6 +28,9 @@ class ResourceStore(MutableMapping[Any, Any]):
     Keys and values must be loggable (CBOR values or classes registered with a Codec).
     Each change is logged while the store's lock is held, so the log's order is the
     store's order and an enumeration never writes a value older than a logged update.
+    Compound operations (``pop``, ``popitem``, ``setdefault``, ``update``, ``clear``) hold
+    the lock throughout; ``keys()``, ``values()`` and ``items()`` return lists, copies
+    taken under the lock, so iterating them while other threads write is safe.
     """
 
     def __init__(self) -> None:
@@ -113,6 +116,59 @@ class ResourceStore(MutableMapping[Any, Any]):
 
     def get(self, key: Any, default: Any = None) -> Any:
         return self._data.get(key, default)
+
+    # Compound operations hold the lock throughout: MutableMapping's versions are two
+    # steps, and another thread could change the key in between.
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        """Remove ``key`` (logged) and return its value, or ``default`` if absent."""
+        if len(default) > 1:
+            raise TypeError(f"pop expected at most 2 arguments, got {1 + len(default)}")
+        with self._lock:
+            if key not in self._data:
+                if default:
+                    return default[0]
+                raise KeyError(key)
+            value = self._data[key]
+            del self[key]
+            return value
+
+    def popitem(self) -> tuple[Any, Any]:
+        """Remove (logged) and return the most recently set item."""
+        with self._lock:
+            if not self._data:
+                raise KeyError("popitem(): ResourceStore is empty")
+            key = next(reversed(self._data))
+            value = self._data[key]
+            del self[key]
+            return key, value
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        """``store[key]``, after setting it (logged) to ``default`` if absent."""
+        with self._lock:
+            if key in self._data:
+                return self._data[key]
+            self[key] = default
+            return default
+
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """Set several keys, one logged change each, with no other change in between."""
+        with self._lock:
+            super().update(other, **kwargs)
+
+    def clear(self) -> None:
+        """Delete every key (one logged change each)."""
+        with self._lock:
+            for key in list(self._data):
+                del self[key]
+
+    def keys(self) -> Any:
+        with self._lock:
+            return list(self._data)
+
+    def values(self) -> Any:
+        with self._lock:
+            return list(self._data.values())
 
     def items(self) -> Any:
         with self._lock:

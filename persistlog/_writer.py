@@ -112,7 +112,7 @@ class LogCore:
         self._lock = threading.Lock()
         self._io_lock = threading.RLock()
         self._group = GroupCommit(
-            self._sync_pending, lambda: self._durable_lsn, self._check, f"persistlog-sync {dest.url}"
+            self._sync_through, lambda: self._durable_lsn, self._check, f"persistlog-sync {dest.url}"
         )
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
@@ -245,22 +245,26 @@ class LogCore:
         self._rewind(pos)
         return data
 
-    def _append_encoded(self, records: list[bytes], snapshot: bool) -> tuple[int, int]:
+    def _append_encoded(self, records: list[bytes], snapshot: bool, whole: bool = False) -> tuple[int, int]:
         """Append encoded records, cutting batches so none exceeds the format's limit.
 
         The slow path for big records and big calls: returns (last LSN, buffered bytes).
-        Nothing is appended if any record is over the size limit.
+        Nothing is appended if any record is over the size limit. With ``whole`` the
+        records go into one batch (the caller checked they fit in one): what is buffered
+        is written first if they do not fit beside it.
         """
         for data in records:
             if len(data) > _MAX_RECORD:
                 raise _too_large(len(data))
+        need = sum(map(len, records)) if whole else 0
         lsn = end = 0
         i = 0
         while i < len(records):
             with self._lock:
                 self._check()
                 end = self._pos
-                while i < len(records) and (end == 0 or end + len(records[i]) <= _BATCH_FILL):
+                room = end == 0 or end + need <= _BATCH_FILL
+                while room and i < len(records) and (end == 0 or end + len(records[i]) <= _BATCH_FILL):
                     self._fp.write(records[i])
                     end += len(records[i])
                     if snapshot:
@@ -276,7 +280,8 @@ class LogCore:
         return lsn, end
 
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
-        """Append several records; if any cannot be encoded, none is appended."""
+        """Append several records as one batch; if any cannot be encoded, or they are more
+        than one batch holds, none is appended."""
         items = records if isinstance(records, list) else list(records)
         n = len(items)
         # One encoder call for the whole list is much cheaper than one per record: encode
@@ -286,6 +291,12 @@ class LogCore:
         except Exception as e:
             raise encode_error(e) from None
         body = memoryview(encoded)[_array_header_len(n):]
+        if len(body) > _BATCH_FILL:
+            # One batch is what a crash keeps or drops whole: a bigger call could be torn.
+            raise ValueError(
+                f"update_many() of {len(body)} bytes exceeds the {_BATCH_FILL} bytes one batch "
+                "holds; split it into smaller calls"
+            )
         with self._lock:
             self._check()
             fits = len(body) <= _MAX_RECORD and self._pos + len(body) <= _BATCH_FILL
@@ -295,8 +306,9 @@ class LogCore:
                 self._next_lsn += n
                 lsn = self._next_lsn - 1
         if not fits:
-            # Larger than one batch may be: encode record by record and cut batches.
-            lsn, end = self._append_encoded([self._encode(item) for item in items], snapshot=False)
+            # Too big for the buffer as it stands: check each record's size, and write what
+            # is buffered first if the call does not fit beside it.
+            lsn, end = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
         if n and (sync or end >= self._batch_bytes or self._eager):
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
@@ -322,9 +334,12 @@ class LogCore:
             self._check()
             self._write_pending()
 
-    def _sync_pending(self) -> None:
-        """Write every appended record and make it durable (the group commit's sync)."""
+    def _sync_through(self, lsn: int) -> None:
+        """Make the records up to ``lsn`` durable, with every record appended so far (the
+        group commit's sync)."""
         with self._io_lock:
+            if self._durable_lsn > lsn:
+                return
             # Not before the durable check: a close() that sealed the records made them
             # durable, and their callers must not be told they failed.
             self._check()

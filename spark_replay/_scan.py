@@ -9,7 +9,7 @@ Records become JSON text by the rule of ``docs/JSON.md`` (:mod:`persistlog._json
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -149,6 +149,7 @@ class _Columns:
         header = batch.header
         kind = _KIND_NAMES.get(header.kind)
         json = self.json
+        kinds: Sequence[str] | None
         if kind is None:
             records, kinds = batch.records_and_kinds(json.loads)
         else:

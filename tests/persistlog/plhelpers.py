@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 
 import persistlog
 from batches import batch_offsets
-from polling import wait_until  # noqa: F401 - the tests import it from here
+from threads import wait_until  # noqa: F401 - the tests import it from here
 from persistlog import _decoder
 from persistlog import _format as F
 
@@ -262,6 +262,20 @@ def fill_disk(lg: persistlog.Log) -> None:
         os.dup2(full, f._fd)
     finally:
         os.close(full)
+
+
+def app_batches(url: str) -> list[tuple[int, int]]:
+    """``(first LSN, record count)`` of every batch of records at ``url``, in order."""
+    from destinations import open_destination
+    from persistlog._reader import LogScanner, list_logs
+
+    dest = open_destination(url)
+    out = []
+    for seq, segments in sorted(list_logs(dest).items()):
+        for batch in LogScanner(dest, seq, segments):
+            if not batch.is_control:
+                out.append((batch.first_lsn, batch.header.count))
+    return out
 
 
 def is_complete_log(url: str, seq: int) -> bool:

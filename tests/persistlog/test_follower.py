@@ -868,3 +868,30 @@ def test_background_follower_keeps_up_and_reports_its_error(tmp_path: Path) -> N
         persistlog.follow(url, apply, replay_batch=replay_batch)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         persistlog.follow(url, poll_interval=0)
+
+
+def test_followed_batches_carry_each_records_kind(tmp_path: Path) -> None:
+    """Snapshot records (from an enumeration) and updates, even mixed in one batch, come
+    with their kind."""
+    url = str(tmp_path / "log")
+    holder: dict[str, persistlog.Log] = {}
+
+    def enumerate_all(emit: Any) -> None:
+        emit({"op": "put", "key": "s1", "value": 1})
+        if "lg" in holder:  # an update between two snapshot records: a mixed batch
+            holder["lg"].update({"op": "put", "key": "u-during", "value": 2})
+        emit({"op": "put", "key": "s2", "value": 3})
+
+    lg = persistlog.open(url, enumerate_all, rotate_bytes=None, flush_interval=3600.0)
+    holder["lg"] = lg
+    lg.update({"op": "put", "key": "u1", "value": 4})
+    lg.rotate()
+    last = lg.update({"op": "put", "key": "u2", "value": 5})
+    lg.close()
+    f = persistlog.follow(url, lambda r: None)
+    batches = drain(f, last)
+    f.stop()
+    assert all(len(fb.kinds) == len(fb.records) for fb in batches)
+    pairs = [(r["key"], kind) for fb in batches for r, kind in zip(fb.records, fb.kinds)]
+    assert pairs[-4:] == [("s1", "snapshot"), ("u-during", "update"), ("s2", "snapshot"), ("u2", "update")]
+    assert any(set(fb.kinds) == {"snapshot", "update"} for fb in batches), "no mixed batch was made"

@@ -129,7 +129,7 @@ def decode_view(path: str, codec: persistlog.Codec | None = None) -> dict[str, A
             else:
                 records, kinds = batch.records_and_kinds(codec.loads)
                 entry["records"] = render(records)
-                entry["kinds"] = kinds
+                entry["kinds"] = list(kinds)
             batches.append(entry)
         st = scanner.state
         logs.append({

@@ -17,6 +17,7 @@ from typing import Any
 import cbor2
 import pytest
 from plhelpers import (
+    app_batches,
     App,
     apply,
     batch_offsets,
@@ -31,6 +32,7 @@ from plhelpers import (
     truncate,
     wait_until,
 )
+from threads import run_threads
 
 import persistlog
 from persistlog import _encoder
@@ -882,6 +884,41 @@ def test_resource_store_concurrent_writers_and_rotations(log_dir: str) -> None:
         assert again.to_dict() == expected
 
 
+def test_resource_store_compound_operations_are_atomic(log_dir: str) -> None:
+    """pop, setdefault, popitem and update hold the store's lock throughout: with fsyncs
+    releasing the GIL mid-operation, two threads never both pop one key, setdefault
+    never sets a key twice, and the log replays to exactly the store."""
+    store = persistlog.ResourceStore.open(log_dir, durability="fsync")
+    store.update({k: k for k in range(60)})
+    popped: list[list[int]] = [[] for _ in range(6)]
+    defaults: list[dict[int, int]] = [{} for _ in range(6)]
+
+    def work(t: int) -> None:
+        for k in range(60):
+            if store.pop(k, None) is not None:
+                popped[t].append(k)
+            defaults[t][k + 100] = store.setdefault(k + 100, t)
+
+    assert run_threads(work, 6) == []
+    assert sorted(k for ks in popped for k in ks) == list(range(60))  # each key popped once
+    for k in range(100, 160):
+        assert len({d[k] for d in defaults}) == 1  # every thread saw the one value set
+    key, value = store.popitem()
+    assert (key, value) == (159, defaults[0][159])  # the last key set
+    expected = store.to_dict()
+    assert sorted(expected) == list(range(100, 159))
+    assert store.values() == [expected[k] for k in store.keys()]
+    updates = store.log.stats()["updates"]
+    store.close()
+    assert updates == 60 + 60 + 60 + 1  # puts, pops, one setdefault per key, popitem
+    assert restore_state(log_dir)[0] == expected
+    store = persistlog.ResourceStore.open(log_dir)
+    store.clear()
+    assert len(store) == 0
+    store.close()
+    assert restore_state(log_dir)[0] == {}
+
+
 # -- Codec ------------------------------------------------------------------------------
 
 
@@ -974,18 +1011,32 @@ def test_replay_of_records_in_lsn_order_with_apply(log_dir: str) -> None:
 # -- limits at the edges: oversize calls, deep records, bad metadata ---------------------
 
 
-def test_update_many_larger_than_a_batch_may_be_stays_readable(log_dir: str) -> None:
+def test_update_many_larger_than_a_batch_is_refused_whole(log_dir: str) -> None:
     lg = persistlog.open(log_dir, lambda emit: None, durability="fsync", rotate_bytes=None)
+    lg.update({"op": "put", "key": "before", "value": 1})
     big = "x" * (22 * 1024 * 1024)
-    try:
+    with pytest.raises(ValueError, match="exceeds the .* bytes one batch holds"):
         lg.update_many([{"op": "put", "key": k, "value": big} for k in "abc"])
-    except ValueError:
-        lg.close()
-        return  # refusing the call up front is a fix too
-    lg.close()
     del big
-    state, _ = restore_state(log_dir)  # CorruptLogError: batch length exceeds the limit
-    assert sorted(state) == ["a", "b", "c"]
+    lg.update({"op": "put", "key": "after", "value": 2})
+    lg.close()
+    state, result = restore_state(log_dir)
+    assert state == {"before": 1, "after": 2}
+    assert result.records == 2  # nothing of the refused call was written
+
+
+def test_big_update_many_is_one_batch_even_beside_buffered_records(log_dir: str) -> None:
+    """A call that does not fit beside what is buffered goes into a batch of its own
+    (what was buffered is written first), so a crash cannot keep half of it."""
+    lg = persistlog.open(
+        log_dir, lambda emit: None, rotate_bytes=None, flush_interval=3600.0, batch_bytes=32 * 1024 * 1024
+    )
+    buffered = lg.update_many([{"op": "put", "key": i, "value": "s" * (1 << 20)} for i in range(25)])
+    chunk = "y" * (15 * 1024 * 1024)
+    last = lg.update_many([{"op": "put", "key": k, "value": chunk} for k in "abc"])
+    lg.close()
+    del chunk
+    assert app_batches(log_dir) == [(1, buffered), (last - 2, 3)]
 
 
 def test_deeply_nested_records_are_read_back(log_dir: str) -> None:

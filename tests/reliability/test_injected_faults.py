@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from crashsim import CrashSim
-from polling import wait_until
+from threads import run_threads, wait_until
 from relkit import App, Model, apply, check_prefix, restore_state
 
 import persistlog
@@ -277,26 +277,21 @@ def test_failed_group_sync_fails_every_thread_it_covered(tmp_path: Path) -> None
     url, opts = sim.local(tmp_path / "log")
     lg = persistlog.open(url, lambda emit: None, storage_options=opts, **FSYNC)
     acked: dict[str, int] = {}
-    failures: list[BaseException] = []
-    started = threading.Barrier(8)
 
     def writer(t: int) -> None:
-        started.wait()
-        try:
-            for i in range(1000):
-                lg.update({"op": "put", "key": f"t{t}", "value": i, "pad": PAD})
-                acked[f"t{t}"] = i
-        except LogFailedError as e:
-            failures.append(e)
+        for i in range(1000):
+            lg.update({"op": "put", "key": f"t{t}", "value": i, "pad": PAD})
+            acked[f"t{t}"] = i
 
-    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: lg.stats()["syncs"] >= 5, describe="a few shared syncs")
-    sim.fsync_fails(nth=1)
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a thread never returned from a failed sync"
+    def fail_soon() -> None:
+        wait_until(lambda: lg.stats()["syncs"] >= 5, describe="a few shared syncs")
+        sim.fsync_fails(nth=1)
+
+    arm = threading.Thread(target=fail_soon)
+    arm.start()
+    failures = run_threads(writer, 8)
+    arm.join()
+    assert all(isinstance(e, LogFailedError) for e in failures), failures
     assert len(failures) == 8, failures
     assert lg.stats()["syncs"] < sum(acked.values()) + len(acked), "syncs were not shared"
     lg.close()
