@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench soak reliability lint clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg setup.py pyproject.toml persistlog/_cbor_json.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,s3,spark,zstd]'
@@ -32,4 +32,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info persistlog/*.so

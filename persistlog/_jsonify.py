@@ -29,7 +29,10 @@ import cbor2
 from ._codec import _SAFE_SEMANTIC, _keep_tag, plain_loads
 from ._format import MAX_CBOR_DEPTH
 
-__all__ = ["JsonRecords", "PlainRecords", "from_json", "from_jsonable", "plain_loads", "to_json", "to_jsonable"]
+__all__ = [
+    "JsonRecords", "PlainRecords", "from_json", "from_jsonable", "plain_loads", "resource_texts_from_cbor",
+    "texts_from_cbor", "to_json", "to_jsonable",
+]
 
 _IP_ADDRESS = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 _IP_NETWORK = (ipaddress.IPv4Network, ipaddress.IPv6Network)
@@ -74,14 +77,28 @@ def _set(value: set[Any] | frozenset[Any], convert: Callable[[Any], Any]) -> Any
     return {"$set": items}
 
 
+# Integers of more than 4300 decimal digits are written in hex: decimal conversion costs
+# quadratic time, which is why Python refuses it past that length by default (hex costs
+# linear time). A fixed bound, so that the text never depends on the interpreter.
+_DECIMAL_LIMIT = 10**4300
+
+
+def _int(value: int) -> Any:
+    if -_DECIMAL_LIMIT < value < _DECIMAL_LIMIT:
+        return value
+    return {"$bigint": hex(value)}
+
+
 def to_jsonable(value: Any) -> Any:
     """``value`` (as a persistlog reader decodes it) as plain JSON data, by the JSON.md rule.
 
     Raises ``TypeError`` for a value CBOR decoding never produces.
     """
     t = type(value)
-    if value is None or t is str or t is bool or t is int:
+    if value is None or t is str or t is bool:
         return value
+    if t is int:
+        return _int(value)
     if t is float:
         return _float(value)
     if t is list or t is tuple:
@@ -103,7 +120,7 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
-        return int(value)
+        return _int(int(value))
     if isinstance(value, float):
         return _float(float(value))
     if isinstance(value, str):
@@ -115,7 +132,68 @@ def to_jsonable(value: Any) -> Any:
 
 def to_json(value: Any) -> str:
     """``value`` as compact JSON text (UTF-8, no ASCII escaping), by the JSON.md rule."""
-    return _dumps(to_jsonable(value))
+    try:
+        return _dumps(to_jsonable(value))
+    except RecursionError:
+        # Readers accept records nested up to MAX_CBOR_DEPTH levels, deeper than Python's
+        # recursion goes: write those without recursing.
+        return _deep_to_json(value)
+
+
+def _deep_to_json(value: Any) -> str:
+    """:func:`to_json`'s text, written with an explicit stack instead of recursion.
+
+    Containers (arrays, maps, tags) are opened and closed on the stack; everything else
+    is a leaf that :func:`to_json` writes. Sets are the exception: their elements are
+    ordered by their text, so each element is written by a call of its own (sets nest only
+    as deep as their hashable elements do).
+    """
+    out: list[str] = []
+    # Each entry is text to write, or a value still to write.
+    stack: list[Any] = [_Value(value)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        v = item.value
+        if isinstance(v, (list, tuple)):
+            parts: list[Any] = ["["]
+            for i, x in enumerate(v):
+                if i:
+                    parts.append(",")
+                parts.append(_Value(x))
+            parts.append("]")
+        elif isinstance(v, Mapping):
+            if all(type(k) is str for k in v):
+                prefix = '{"$escape":{' if len(v) == 1 and next(iter(v)).startswith("$") else "{"
+                parts = [prefix]
+                for i, (k, x) in enumerate(v.items()):
+                    parts.append(("," if i else "") + _dumps(k) + ":")
+                    parts.append(_Value(x))
+                parts.append("}}" if prefix != "{" else "}")
+            else:
+                parts = ['{"$map":[']
+                for i, (k, x) in enumerate(v.items()):
+                    parts += ["," if i else "", "[", _Value(k), ",", _Value(x), "]"]
+                parts.append("]}")
+        elif isinstance(v, cbor2.CBORTag):
+            parts = ['{"$tag":[' + _dumps(v.tag) + ",", _Value(v.value), "]}"]
+        elif isinstance(v, (set, frozenset)):
+            parts = ['{"$set":[' + ",".join(sorted(_deep_to_json(x) for x in v)) + "]}"]
+        else:
+            parts = [_dumps(to_jsonable(v))]
+        stack.extend(reversed(parts))
+    return "".join(out)
+
+
+class _Value:
+    """A value still to be written on :func:`_deep_to_json`'s stack (text is a ``str``)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 # -- the inverse --------------------------------------------------------------------------
@@ -144,6 +222,7 @@ _DECODERS: dict[str, Callable[[Any], Any]] = {
     "$ipnetwork": ipaddress.ip_network,
     "$ipinterface": ipaddress.ip_interface,
     "$float": lambda v: _FLOATS[v],
+    "$bigint": lambda v: int(v, 16),
     "$simple": cbor2.CBORSimpleValue,
     "$undefined": lambda v: cbor2.undefined,
 }
@@ -180,7 +259,46 @@ def from_json(text: str) -> Any:
     return from_jsonable(json.loads(text))
 
 
-# -- the fast path --------------------------------------------------------------------------
+# -- the fast paths ---------------------------------------------------------------------------
+
+try:
+    from ._cbor_json import records as _c_records
+except ImportError:  # built without a C compiler: the Python paths give the same text
+    _c_records = None
+
+
+def texts_from_cbor(payload: bytes, count: int) -> tuple[bytes, bytes] | None:
+    """The JSON text of each of the ``count`` records making up ``payload`` (a batch's CBOR
+    sequence), straight from the bytes: ``(text, offsets)``, the records' UTF-8 texts end
+    to end and ``count + 1`` little-endian int32 offsets into them (an Arrow string
+    array's buffers).
+
+    ``None`` when the C accelerator is not built, or the records hold anything beyond the
+    common subset it handles (tags, maps keyed by other than distinct strings, ...) or are
+    damaged: decode them and use :class:`JsonRecords` (or :func:`to_json`) then. Where it
+    answers, the text is exactly :func:`to_json`'s.
+    """
+    if _c_records is None:
+        return None
+    result: tuple[bytes, bytes] | None = _c_records(payload, count)
+    return result
+
+
+# A column of texts as Arrow holds one: (texts end to end, offsets, validity bitmap).
+NullableTexts = tuple[bytes, bytes, bytes]
+
+
+def resource_texts_from_cbor(
+    payload: bytes, count: int
+) -> tuple[bytes, bytes, NullableTexts, NullableTexts, NullableTexts] | None:
+    """:func:`texts_from_cbor`, and the ResourceStore convention's ``op``, ``key`` and
+    ``value`` columns read as ResourceStore replays them (a put has a key and a value, a
+    del a key, anything else none of them): each ``(text, offsets, validity bitmap)``."""
+    if _c_records is None:
+        return None
+    result: tuple[bytes, bytes, NullableTexts, NullableTexts, NullableTexts] | None = _c_records(payload, count, True)
+    return result
+
 
 
 class PlainRecords(list):  # type: ignore[type-arg]
@@ -247,8 +365,8 @@ class JsonRecords:
         self._unsure = False
         try:
             text = self._encode(value)
-        except (TypeError, ValueError):
-            return to_json(value)  # non-finite floats; byte-string map keys
+        except (TypeError, ValueError, RecursionError):
+            return to_json(value)  # non-finite floats; byte-string map keys; deep records
         if self._unsure or ('{"$' in text and text.count('{"$') != self._markers):
             return to_json(value)
         return text

@@ -9,18 +9,26 @@ Records become JSON text by the rule of ``docs/JSON.md`` (:mod:`persistlog._json
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from destinations import Destination, open_destination
 from persistlog import _format as F
 from persistlog._decoder import Damage
 from persistlog._errors import CorruptLogError, DestinationError
-from persistlog._jsonify import JsonRecords, PlainRecords, plain_loads, to_json
+from persistlog._jsonify import (
+    JsonRecords,
+    PlainRecords,
+    plain_loads,
+    resource_texts_from_cbor,
+    texts_from_cbor,
+    to_json,
+)
 from persistlog._reader import Batch, LogScanner
 
 from ._plan import LogPartition
@@ -119,35 +127,93 @@ class _Range:
         st.skipped.clear()
 
 
+class _Column:
+    """One column of the rows gathered so far.
+
+    Runs of a batch's size are built by Arrow itself (a repeated value, a count up) and
+    kept as chunks; small batches go through a Python list, since an Arrow call per batch
+    costs more than a list when batches hold a record or two.
+    """
+
+    def __init__(self, type_: pa.DataType) -> None:
+        self.type = type_
+        self.chunks: list[pa.Array] = []
+        self.pending: list[Any] = []
+
+    def repeat(self, value: Any, n: int) -> None:
+        if n >= _ARROW_RUN:
+            self.chunk(pa.repeat(pa.scalar(value, self.type), n))
+        else:
+            self.pending.extend(repeat(value, n))
+
+    def count_up(self, first: int, n: int) -> None:
+        if n >= _ARROW_RUN:
+            self.chunk(pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, self.type), n)), first - 1))
+        else:
+            self.pending.extend(range(first, first + n))
+
+    def extend(self, values: Iterable[Any]) -> None:
+        self.pending.extend(values)
+
+    def chunk(self, array: pa.Array) -> None:
+        self._cut()
+        self.chunks.append(array)
+
+    def _cut(self) -> None:
+        if self.pending:
+            self.chunks.append(pa.array(self.pending, self.type))
+            self.pending = []
+
+    def finish(self) -> pa.Array:
+        self._cut()
+        chunks, self.chunks = self.chunks, []
+        if len(chunks) == 1:
+            return chunks[0]
+        return pa.concat_arrays(chunks) if chunks else pa.array([], self.type)
+
+
+# Rows from which a batch's columns are built by Arrow rather than through a list.
+_ARROW_RUN = 64
+
+
+def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:
+    """An Arrow string array over the C path's buffers, without a copy."""
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(text), None if valid is None else pa.py_buffer(valid)
+    )
+
+
 class _Columns:
-    """Column values of the rows gathered so far, turned into an Arrow batch on demand."""
+    """The rows gathered so far, turned into an Arrow batch on demand.
+
+    The text columns (``record``, and ``op``/``key``/``value``) come straight from the CBOR
+    bytes when the C accelerator handles the batch (no Python value is ever built), else
+    from the decoded records.
+    """
 
     def __init__(self, part: LogPartition) -> None:
         self.part = part
         self.resource = part.convention == "resource"
         self.schema = arrow_schema("records", part.convention)
         self.json = JsonRecords()
-        self._reset()
-
-    def _reset(self) -> None:
-        self.segments: list[int] = []
-        self.lsns: list[int] = []
-        self.commits: list[int] = []
-        self.kinds: list[str] = []
-        self.records: list[str] = []
-        self.bases: list[int | None] = []
-        self.ops: list[str | None] = []
-        self.keys: list[str | None] = []
-        self.values: list[str | None] = []
-
-    @property
-    def rows(self) -> int:
-        return len(self.records)
+        self.rows = 0
+        self.segments = _Column(pa.int64())
+        self.lsns = _Column(pa.int64())
+        self.commits = _Column(TIMESTAMP)
+        self.kinds = _Column(pa.string())
+        self.records = _Column(pa.string())
+        self.bases = _Column(pa.int64())
+        self.ops = _Column(pa.string())
+        self.keys = _Column(pa.string())
+        self.values = _Column(pa.string())
 
     def add(self, batch: Batch, lo: int, hi: int) -> None:
         """Rows for records ``[lo, hi)`` of ``batch``."""
         header = batch.header
         kind = _KIND_NAMES.get(header.kind)
+        if kind is not None and self._from_bytes(batch, lo, hi):
+            self._common(batch, lo, hi - lo, kind, None)
+            return
         json = self.json
         kinds: Sequence[str] | None
         if kind is None:
@@ -159,24 +225,56 @@ class _Columns:
         if lo or hi != len(records):
             records = records[lo:hi]
             kinds = kinds[lo:hi] if kinds is not None else None
-        n = len(records)
-        first = batch.first_lsn + lo
-        self.segments.extend(repeat(batch.segment, n))
-        self.lsns.extend(range(first, first + n))
-        self.commits.extend(repeat(header.commit_us, n))
-        if kinds is None:
-            assert kind is not None
-            self.kinds.extend(repeat(kind, n))
-        else:
-            self.kinds.extend(kinds)
         self.records.extend([text(r) for r in records])
-        self._bases(first, n)
+        self._common(batch, lo, len(records), kind, kinds)
         if self.resource:
             self._resource(records, text)
 
+    def _from_bytes(self, batch: Batch, lo: int, hi: int) -> bool:
+        """The text columns straight from the batch's bytes, if the C path takes it."""
+        n = batch.header.count
+        columns: list[pa.Array]
+        if self.resource:
+            got = resource_texts_from_cbor(batch.raw, n)
+            if got is None:
+                return False
+            text, offsets, *rest = got
+            columns = [_strings(n, text, offsets)] + [_strings(n, *c) for c in rest]
+        else:
+            plain = texts_from_cbor(batch.raw, n)
+            if plain is None:
+                return False
+            columns = [_strings(n, *plain)]
+        if lo or hi != n:
+            columns = [c.slice(lo, hi - lo) for c in columns]
+        for target, column in zip((self.records, self.ops, self.keys, self.values), columns):
+            target.chunk(column)
+        return True
+
+    def _common(self, batch: Batch, lo: int, n: int, kind: str | None, kinds: Sequence[str] | None) -> None:
+        first = batch.first_lsn + lo
+        self.rows += n
+        self.segments.repeat(batch.segment, n)
+        self.lsns.count_up(first, n)
+        self.commits.repeat(batch.header.commit_us, n)
+        if kinds is None:
+            self.kinds.repeat(kind, n)
+        else:
+            self.kinds.extend(kinds)
+        part = self.part
+        base_from = part.base_from
+        if base_from is None or first + n - 1 < base_from:
+            self.bases.repeat(part.prev_base, n)
+        elif first >= base_from:
+            self.bases.repeat(part.seq, n)
+        else:
+            before = base_from - first
+            self.bases.repeat(part.prev_base, before)
+            self.bases.repeat(part.seq, n - before)
+
     def _resource(self, records: list[Any], text: Callable[[Any], str]) -> None:
         # The ResourceStore convention, read exactly as ResourceStore replays it.
-        ops, keys, values = self.ops, self.keys, self.values
+        ops, keys, values = self.ops.pending, self.keys.pending, self.values.pending
         for r in records:
             op = r.get("op") if isinstance(r, dict) else None
             if op == "put":
@@ -192,36 +290,19 @@ class _Columns:
                 keys.append(None)
                 values.append(None)
 
-    def _bases(self, first: int, n: int) -> None:
-        part = self.part
-        base_from = part.base_from
-        if base_from is None or first + n - 1 < base_from:
-            self.bases.extend(repeat(part.prev_base, n))
-        elif first >= base_from:
-            self.bases.extend(repeat(part.seq, n))
-        else:
-            before = base_from - first
-            self.bases.extend(repeat(part.prev_base, before))
-            self.bases.extend(repeat(part.seq, n - before))
-
     def flush(self) -> pa.RecordBatch:
-        n = self.rows
         cols = [
-            pa.repeat(pa.scalar(self.part.seq, pa.int64()), n),
-            pa.array(self.segments, pa.int64()),
-            pa.array(self.lsns, pa.int64()),
-            pa.array(self.commits, TIMESTAMP),
-            pa.array(self.kinds, pa.string()),
-            pa.array(self.records, pa.string()),
-            pa.array(self.bases, pa.int64()),
+            pa.repeat(pa.scalar(self.part.seq, pa.int64()), self.rows),
+            self.segments.finish(),
+            self.lsns.finish(),
+            self.commits.finish(),
+            self.kinds.finish(),
+            self.records.finish(),
+            self.bases.finish(),
         ]
         if self.resource:
-            cols += [
-                pa.array(self.ops, pa.string()),
-                pa.array(self.keys, pa.string()),
-                pa.array(self.values, pa.string()),
-            ]
-        self._reset()
+            cols += [self.ops.finish(), self.keys.finish(), self.values.finish()]
+        self.rows = 0
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
 

@@ -407,7 +407,8 @@ def check_destination(path: str, figures: FuzzFigures, label: str) -> None:
     figures.inputs += 1
     for part in label.replace("+", " ").split():
         figures.kinds[part.split(":")[0]] += 1
-    for mode, reader in (("restore", _restore_strict), ("skip", _restore_skip), ("follow", _follow_once)):
+    readers = (("restore", _restore_strict), ("skip", _restore_skip), ("follow", _follow_once), ("json", _json_rows))
+    for mode, reader in readers:
         try:
             records = reader(path)
         except persistlog.CorruptLogError:
@@ -449,6 +450,26 @@ def _follow_once(path: str) -> list[Any]:
         f.poll()
     finally:
         f.stop()
+    return out
+
+
+def _json_rows(path: str) -> list[Any]:
+    """The records as the Spark replay's executors read them (JSON text, from the C path
+    where it applies), parsed back."""
+    from spark_replay._options import ReadOptions
+    from spark_replay._plan import plan
+    from spark_replay._scan import read_records
+
+    from persistlog._jsonify import from_json
+
+    out: list[Any] = []
+    for part in plan(ReadOptions.parse({"path": path})):
+        for batch in read_records(part):
+            for text in batch.column("record").to_pylist():
+                try:
+                    out.append(from_json(text))
+                except RecursionError:  # sound text, deeper than json.loads reads
+                    out.append(text)
     return out
 
 

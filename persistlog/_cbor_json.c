@@ -1,0 +1,692 @@
+/*
+ * Records as JSON text, straight from their CBOR bytes: the fast path of the rule in
+ * docs/JSON.md, for readers that want text and never the values (the Spark replay,
+ * `persistlog dump --json`).
+ *
+ * It handles the common subset of CBOR -- integers of up to 64 bits, floats, text and
+ * byte strings, definite-length arrays and maps keyed by distinct text strings, false,
+ * true, null and undefined -- and writes exactly what persistlog._jsonify.to_json writes
+ * for the value cbor2 decodes. Anything else (a tag, a map with another kind of key or a
+ * repeated key, an indefinite length, a simple value, invalid UTF-8, deep nesting,
+ * damaged or trailing bytes) makes the whole call return None, and the caller takes the
+ * Python path, which decides what the bytes mean and raises on damage. So this file never
+ * judges corruption, and never has to agree with cbor2 on anything but the happy path.
+ *
+ * Every length read from the input is checked against the bytes left before it is used;
+ * nothing is allocated from a length the input declares. The output grows as it is
+ * written.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 256
+/* Repeated keys are looked for pair by pair: bigger maps are left to Python's dict, so
+ * that hostile bytes cannot make this quadratic search long. */
+#define MAX_MAP_KEYS 64
+
+enum { OK = 0, FALLBACK = 1, NOMEM = 2 };
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Out;
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+} In;
+
+static int
+out_reserve(Out *o, Py_ssize_t extra)
+{
+    if (o->len + extra <= o->cap)
+        return OK;
+    Py_ssize_t cap = o->cap ? o->cap : 256;
+    while (cap < o->len + extra) {
+        if (cap > PY_SSIZE_T_MAX / 2)
+            return NOMEM;
+        cap *= 2;
+    }
+    char *buf = PyMem_Realloc(o->buf, (size_t)cap);
+    if (buf == NULL)
+        return NOMEM;
+    o->buf = buf;
+    o->cap = cap;
+    return OK;
+}
+
+static int
+out_put(Out *o, const char *s, Py_ssize_t n)
+{
+    if (out_reserve(o, n) != OK)
+        return NOMEM;
+    memcpy(o->buf + o->len, s, (size_t)n);
+    o->len += n;
+    return OK;
+}
+
+#define PUT_LIT(o, s) out_put((o), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+static int
+out_uint(Out *o, uint64_t v)
+{
+    char tmp[24];
+    int i = (int)sizeof(tmp);
+    do {
+        tmp[--i] = (char)('0' + (v % 10));
+        v /= 10;
+    } while (v);
+    return out_put(o, tmp + i, (Py_ssize_t)sizeof(tmp) - i);
+}
+
+/* The initial byte and its argument. Indefinite lengths and reserved values are not
+ * handled here. */
+static int
+read_head(In *in, int *major, uint64_t *arg, int *info)
+{
+    if (in->p >= in->end)
+        return FALLBACK;
+    unsigned char ib = *in->p++;
+    *major = ib >> 5;
+    *info = ib & 0x1f;
+    int ai = *info;
+    if (ai < 24) {
+        *arg = (uint64_t)ai;
+        return OK;
+    }
+    int n;
+    switch (ai) {
+    case 24: n = 1; break;
+    case 25: n = 2; break;
+    case 26: n = 4; break;
+    case 27: n = 8; break;
+    default: return FALLBACK; /* 28-30 reserved, 31 indefinite or break */
+    }
+    if (in->end - in->p < n)
+        return FALLBACK;
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | in->p[i];
+    in->p += n;
+    *arg = v;
+    return OK;
+}
+
+/* Length of a valid UTF-8 sequence starting at s (at most n bytes), or 0. Rejects
+ * overlong forms, surrogates and code points past U+10FFFF, as a strict decoder does. */
+static int
+utf8_seq(const unsigned char *s, Py_ssize_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0xC2)
+        return 0;
+    if (c < 0xE0) {
+        if (n < 2 || (s[1] & 0xC0) != 0x80)
+            return 0;
+        return 2;
+    }
+    if (c < 0xF0) {
+        if (n < 3 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xE0 && s[1] < 0xA0)
+            return 0; /* overlong */
+        if (c == 0xED && s[1] >= 0xA0)
+            return 0; /* surrogate */
+        return 3;
+    }
+    if (c < 0xF5) {
+        if (n < 4 || (s[1] & 0xC0) != 0x80 || (s[2] & 0xC0) != 0x80 || (s[3] & 0xC0) != 0x80)
+            return 0;
+        if (c == 0xF0 && s[1] < 0x90)
+            return 0; /* overlong */
+        if (c == 0xF4 && s[1] >= 0x90)
+            return 0; /* past U+10FFFF */
+        return 4;
+    }
+    return 0;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* A JSON string as Python's json module writes it with ensure_ascii=False: only '"',
+ * '\\' and control characters are escaped. */
+static int
+out_text(Out *o, const unsigned char *s, Py_ssize_t n)
+{
+    if (out_reserve(o, n + 2) != OK)
+        return NOMEM;
+    o->buf[o->len++] = '"';
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c >= 0x80) {
+            int k = utf8_seq(s + i, n - i);
+            if (k == 0)
+                return FALLBACK;
+            if (out_put(o, (const char *)s + i, k) != OK)
+                return NOMEM;
+            i += k;
+            continue;
+        }
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            /* A run of plain ASCII in one copy. */
+            Py_ssize_t j = i + 1;
+            while (j < n && s[j] >= 0x20 && s[j] < 0x80 && s[j] != '"' && s[j] != '\\')
+                j++;
+            if (out_put(o, (const char *)s + i, j - i) != OK)
+                return NOMEM;
+            i = j;
+            continue;
+        }
+        char esc[6] = {'\\', 0, 0, 0, 0, 0};
+        int m = 2;
+        switch (c) {
+        case '"': esc[1] = '"'; break;
+        case '\\': esc[1] = '\\'; break;
+        case '\b': esc[1] = 'b'; break;
+        case '\f': esc[1] = 'f'; break;
+        case '\n': esc[1] = 'n'; break;
+        case '\r': esc[1] = 'r'; break;
+        case '\t': esc[1] = 't'; break;
+        default:
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = HEX[c >> 4];
+            esc[5] = HEX[c & 0xf];
+            m = 6;
+        }
+        if (out_put(o, esc, m) != OK)
+            return NOMEM;
+        i++;
+    }
+    if (out_reserve(o, 1) != OK)
+        return NOMEM;
+    o->buf[o->len++] = '"';
+    return OK;
+}
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static int
+out_bytes(Out *o, const unsigned char *s, Py_ssize_t n)
+{
+    if (PUT_LIT(o, "{\"$bytes\":\"") != OK)
+        return NOMEM;
+    if (out_reserve(o, (n + 2) / 3 * 4 + 2) != OK)
+        return NOMEM;
+    char *w = o->buf + o->len;
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8) | s[i + 2];
+        *w++ = B64[(v >> 18) & 63];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = B64[(v >> 6) & 63];
+        *w++ = B64[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        *w++ = B64[(v >> 18) & 63];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = '=';
+        *w++ = '=';
+    } else if (n - i == 2) {
+        uint32_t v = ((uint32_t)s[i] << 16) | ((uint32_t)s[i + 1] << 8);
+        *w++ = B64[(v >> 18) & 63];
+        *w++ = B64[(v >> 12) & 63];
+        *w++ = B64[(v >> 6) & 63];
+        *w++ = '=';
+    }
+    *w++ = '"';
+    *w++ = '}';
+    o->len = w - o->buf;
+    return OK;
+}
+
+static double
+half_to_double(uint16_t h)
+{
+    int exp = (h >> 10) & 0x1f;
+    int mant = h & 0x3ff;
+    double v;
+    if (exp == 0)
+        v = ldexp((double)mant, -24);
+    else if (exp != 31)
+        v = ldexp((double)(mant + 1024), exp - 25);
+    else
+        v = mant == 0 ? INFINITY : NAN;
+    return (h & 0x8000) ? -v : v;
+}
+
+static const double POW10[] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+
+/* The shortest decimal that reads back as d, for the many floats that have one of at most
+ * 15 digits in plain notation (prices, ratios, measurements): d = m / 10**p with m an
+ * integer below 10**15, not ending in 0 unless p is 0. Such a decimal is the one repr()
+ * picks: it reads back as d (m and 10**p are exact doubles, and IEEE division rounds
+ * correctly), and no other decimal of as few digits or fewer does, since any other
+ * differs from it by 10**-p at least, more than d's precision at 15 digits. 0 if d has
+ * none. */
+static int
+out_short_float(Out *o, double d)
+{
+    double a = d < 0 ? -d : d;
+    if (!(a >= 1e-4 && a < 1e15))
+        return 0; /* repr() writes an exponent, or zero: the general path */
+    for (int p = 0; p < 16; p++) {
+        double m = a * POW10[p];
+        if (m >= 1e15)
+            return 0;
+        if (m != floor(m) || m / POW10[p] != a)
+            continue;
+        /* A multiplication that rounded may have missed a smaller p: m then ends in
+         * zeros, which are dropped. */
+        uint64_t v = (uint64_t)m;
+        while (p > 0 && v % 10 == 0) {
+            v /= 10;
+            p--;
+        }
+        char tmp[40];
+        char digits[24];
+        int nd = 0;
+        do {
+            digits[nd++] = (char)('0' + (v % 10));
+            v /= 10;
+        } while (v);
+        int w = 0;
+        if (d < 0)
+            tmp[w++] = '-';
+        if (nd <= p) { /* 0.000ddd */
+            tmp[w++] = '0';
+            tmp[w++] = '.';
+            for (int z = 0; z < p - nd; z++)
+                tmp[w++] = '0';
+            while (nd)
+                tmp[w++] = digits[--nd];
+        } else {
+            while (nd > p)
+                tmp[w++] = digits[--nd];
+            tmp[w++] = '.';
+            if (p == 0)
+                tmp[w++] = '0';
+            while (nd)
+                tmp[w++] = digits[--nd];
+        }
+        return out_put(o, tmp, w) == OK ? 1 : -1;
+    }
+    return 0;
+}
+
+/* A float as Python's float.__repr__ writes it (what json writes), or a $float marker. */
+static int
+out_float(Out *o, double d)
+{
+    if (isnan(d))
+        return PUT_LIT(o, "{\"$float\":\"NaN\"}");
+    if (isinf(d))
+        return d > 0 ? PUT_LIT(o, "{\"$float\":\"Infinity\"}") : PUT_LIT(o, "{\"$float\":\"-Infinity\"}");
+    int quick = out_short_float(o, d);
+    if (quick)
+        return quick > 0 ? OK : NOMEM;
+    char *s = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (s == NULL)
+        return NOMEM;
+    int rc = out_put(o, s, (Py_ssize_t)strlen(s));
+    PyMem_Free(s);
+    return rc;
+}
+
+typedef struct {
+    const unsigned char *s;
+    Py_ssize_t n;
+} Key;
+
+/* Where, in the output, the values of a record's "op", "key" and "value" entries are
+ * (the ResourceStore convention); -1 where the record has no such entry. */
+enum { SPAN_OP, SPAN_KEY, SPAN_VALUE, SPANS };
+
+typedef struct {
+    Py_ssize_t start[SPANS];
+    Py_ssize_t end[SPANS];
+} Spans;
+
+static int
+span_of(const unsigned char *s, Py_ssize_t n)
+{
+    if (n == 2 && memcmp(s, "op", 2) == 0)
+        return SPAN_OP;
+    if (n == 3 && memcmp(s, "key", 3) == 0)
+        return SPAN_KEY;
+    if (n == 5 && memcmp(s, "value", 5) == 0)
+        return SPAN_VALUE;
+    return -1;
+}
+
+static int item(In *in, Out *o, int depth, Spans *spans);
+
+/* A map's entries; ``spans`` (top-level maps only) learns where op/key/value went. */
+static int
+map_body(In *in, Out *o, uint64_t pairs, int depth, Spans *spans)
+{
+    if (pairs > MAX_MAP_KEYS || (uint64_t)(in->end - in->p) < 2 * pairs)
+        return FALLBACK;
+    Key small[8];
+    Key *keys = small; /* 16 bytes a key: kept small, since maps nest */
+    if (pairs > 8) {
+        keys = PyMem_Malloc(sizeof(Key) * (size_t)pairs);
+        if (keys == NULL)
+            return NOMEM;
+    }
+    int rc = OK;
+    int escape = 0;
+    for (uint64_t k = 0; k < pairs; k++) {
+        int major, info;
+        uint64_t len;
+        if ((rc = read_head(in, &major, &len, &info)) != OK)
+            break;
+        if (major != 3 || len > (uint64_t)(in->end - in->p)) {
+            rc = FALLBACK; /* a key that is not text: the $map form, left to Python */
+            break;
+        }
+        const unsigned char *s = in->p;
+        Py_ssize_t n = (Py_ssize_t)len;
+        in->p += n;
+        for (uint64_t j = 0; j < k; j++) {
+            if (keys[j].n == n && memcmp(keys[j].s, s, (size_t)n) == 0) {
+                rc = FALLBACK; /* a repeated key: a dict keeps one */
+                break;
+            }
+        }
+        if (rc != OK)
+            break;
+        keys[k].s = s;
+        keys[k].n = n;
+        if (k == 0) {
+            escape = pairs == 1 && n > 0 && s[0] == '$';
+            if ((rc = escape ? PUT_LIT(o, "{\"$escape\":{") : PUT_LIT(o, "{")) != OK)
+                break;
+        } else if ((rc = PUT_LIT(o, ",")) != OK) {
+            break;
+        }
+        if ((rc = out_text(o, s, n)) != OK || (rc = PUT_LIT(o, ":")) != OK)
+            break;
+        int which = spans != NULL && !escape ? span_of(s, n) : -1;
+        if (which >= 0)
+            spans->start[which] = o->len;
+        if ((rc = item(in, o, depth + 1, NULL)) != OK)
+            break;
+        if (which >= 0)
+            spans->end[which] = o->len;
+    }
+    if (keys != small)
+        PyMem_Free(keys);
+    if (rc != OK)
+        return rc;
+    if (pairs == 0)
+        return PUT_LIT(o, "{}");
+    return escape ? PUT_LIT(o, "}}") : PUT_LIT(o, "}");
+}
+
+/* One item. ``spans`` is for a record itself (depth 0), NULL below. */
+static int
+item(In *in, Out *o, int depth, Spans *spans)
+{
+    if (depth > MAX_DEPTH)
+        return FALLBACK;
+    int major, info;
+    uint64_t arg;
+    int rc = read_head(in, &major, &arg, &info);
+    if (rc != OK)
+        return rc;
+    switch (major) {
+    case 0:
+        return out_uint(o, arg);
+    case 1:
+        /* -1 - arg, down to -2**64 */
+        if (PUT_LIT(o, "-") != OK)
+            return NOMEM;
+        if (arg == UINT64_MAX)
+            return PUT_LIT(o, "18446744073709551616");
+        return out_uint(o, arg + 1);
+    case 2:
+        if (arg > (uint64_t)(in->end - in->p))
+            return FALLBACK;
+        in->p += arg;
+        return out_bytes(o, in->p - arg, (Py_ssize_t)arg);
+    case 3:
+        if (arg > (uint64_t)(in->end - in->p))
+            return FALLBACK;
+        in->p += arg;
+        return out_text(o, in->p - arg, (Py_ssize_t)arg);
+    case 4:
+        if (arg > (uint64_t)(in->end - in->p))
+            return FALLBACK; /* each item takes a byte at least */
+        if (PUT_LIT(o, "[") != OK)
+            return NOMEM;
+        for (uint64_t i = 0; i < arg; i++) {
+            if (i && PUT_LIT(o, ",") != OK)
+                return NOMEM;
+            if ((rc = item(in, o, depth + 1, NULL)) != OK)
+                return rc;
+        }
+        return PUT_LIT(o, "]");
+    case 5:
+        return map_body(in, o, arg, depth, spans);
+    case 6:
+        return FALLBACK; /* tags carry meaning: the Python path gives it */
+    default:
+        switch (info) {
+        case 20: return PUT_LIT(o, "false");
+        case 21: return PUT_LIT(o, "true");
+        case 22: return PUT_LIT(o, "null");
+        case 23: return PUT_LIT(o, "{\"$undefined\":true}");
+        case 25: return out_float(o, half_to_double((uint16_t)arg));
+        case 26: {
+            uint32_t bits = (uint32_t)arg;
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            return out_float(o, (double)f);
+        }
+        case 27: {
+            double d;
+            memcpy(&d, &arg, sizeof d);
+            return out_float(o, d);
+        }
+        default:
+            return FALLBACK; /* other simple values */
+        }
+    }
+}
+
+/* A column of texts: the texts end to end, count + 1 offsets, and which are not null. */
+typedef struct {
+    Out text;
+    int32_t *offsets;
+    unsigned char *valid;
+} Column;
+
+static int
+column_init(Column *c, Py_ssize_t count, Py_ssize_t reserve, int nullable)
+{
+    c->text.buf = NULL;
+    c->text.len = c->text.cap = 0;
+    c->offsets = PyMem_Malloc(sizeof(int32_t) * (size_t)(count + 1));
+    c->valid = nullable ? PyMem_Calloc((size_t)(count + 7) / 8 + 1, 1) : NULL;
+    if (c->offsets == NULL || (nullable && c->valid == NULL) || out_reserve(&c->text, reserve) != OK)
+        return NOMEM;
+    c->offsets[0] = 0;
+    return OK;
+}
+
+static void
+column_free(Column *c)
+{
+    PyMem_Free(c->text.buf);
+    PyMem_Free(c->offsets);
+    PyMem_Free(c->valid);
+}
+
+/* Close row i: a value (valid) or a null. */
+static int
+column_row(Column *c, Py_ssize_t i, int valid)
+{
+    if (c->text.len > INT32_MAX)
+        return FALLBACK;
+    c->offsets[i + 1] = (int32_t)c->text.len;
+    if (valid)
+        c->valid[i >> 3] |= (unsigned char)(1 << (i & 7));
+    return OK;
+}
+
+static PyObject *
+column_result(Column *c, Py_ssize_t count)
+{
+#if PY_BIG_ENDIAN
+    /* Arrow's offsets are little-endian. */
+    for (Py_ssize_t i = 0; i <= count; i++) {
+        uint32_t v = (uint32_t)c->offsets[i];
+        c->offsets[i] = (int32_t)(((v & 0xff) << 24) | ((v & 0xff00) << 8) | ((v >> 8) & 0xff00) | (v >> 24));
+    }
+#endif
+    if (c->valid == NULL)
+        return Py_BuildValue("(y#y#)", c->text.buf, c->text.len, (const char *)c->offsets,
+                             (Py_ssize_t)(sizeof(int32_t) * (size_t)(count + 1)));
+    return Py_BuildValue("(y#y#y#)", c->text.buf, c->text.len, (const char *)c->offsets,
+                         (Py_ssize_t)(sizeof(int32_t) * (size_t)(count + 1)), (const char *)c->valid,
+                         (Py_ssize_t)((count + 7) / 8));
+}
+
+/* The op, key and value of one record, read as ResourceStore replays it: a put has a key
+ * and a value, a del a key (a missing one is null, as dict.get gives); anything else has
+ * none of the three. */
+static int
+resource_row(Column *cols, Py_ssize_t i, const Out *o, const Spans *sp)
+{
+    Py_ssize_t os = sp->start[SPAN_OP], oe = sp->end[SPAN_OP];
+    int put = os >= 0 && oe - os == 5 && memcmp(o->buf + os, "\"put\"", 5) == 0;
+    int del = os >= 0 && oe - os == 5 && memcmp(o->buf + os, "\"del\"", 5) == 0;
+    int rc;
+    if (put || del) {
+        if (out_put(&cols[0].text, put ? "put" : "del", 3) != OK)
+            return NOMEM;
+        for (int k = 1; k <= (put ? 2 : 1); k++) {
+            int which = k == 1 ? SPAN_KEY : SPAN_VALUE;
+            if (sp->start[which] >= 0)
+                rc = out_put(&cols[k].text, o->buf + sp->start[which], sp->end[which] - sp->start[which]);
+            else
+                rc = out_put(&cols[k].text, "null", 4);
+            if (rc != OK)
+                return NOMEM;
+        }
+    }
+    if ((rc = column_row(&cols[0], i, put || del)) != OK || (rc = column_row(&cols[1], i, put || del)) != OK)
+        return rc;
+    return column_row(&cols[2], i, put);
+}
+
+PyDoc_STRVAR(records_doc,
+"records(payload, count, resource=False) -> (text, offsets[, op, key, value]) or None\n\n"
+"The JSON text (UTF-8) of each of the ``count`` CBOR items that make up ``payload``,\n"
+"end to end in ``text``; ``offsets`` holds count + 1 little-endian int32 offsets into\n"
+"it (an Arrow string array's layout). With ``resource``, also the ResourceStore\n"
+"convention's op, key and value columns, each (text, offsets, validity bitmap).\n"
+"None if the items are not all of the handled kind, or are not exactly ``count``\n"
+"items: take the Python path then.");
+
+static PyObject *
+records(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t count;
+    int resource = 0;
+    if (!PyArg_ParseTuple(args, "y*n|p:records", &view, &count, &resource))
+        return NULL;
+    PyObject *result = NULL;
+    Column cols[4];
+    int ncols = resource ? 4 : 1;
+    for (int k = 0; k < 4; k++) {
+        cols[k].text.buf = NULL;
+        cols[k].offsets = NULL;
+        cols[k].valid = NULL;
+    }
+    In in = {(const unsigned char *)view.buf, (const unsigned char *)view.buf + view.len};
+    int rc = OK;
+    if (count < 0 || count > view.len) {
+        rc = FALLBACK;
+        goto done;
+    }
+    for (int k = 0; k < ncols; k++) {
+        if ((rc = column_init(&cols[k], count, k == 0 ? view.len * 2 + 64 : view.len + 64, k > 0)) != OK)
+            goto done;
+    }
+    Out *o = &cols[0].text;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Spans sp = {{-1, -1, -1}, {-1, -1, -1}};
+        if ((rc = item(&in, o, 0, resource ? &sp : NULL)) != OK)
+            goto done;
+        if ((rc = column_row(&cols[0], i, 0)) != OK)
+            goto done;
+        if (resource && (rc = resource_row(cols + 1, i, o, &sp)) != OK)
+            goto done;
+    }
+    if (in.p != in.end) {
+        rc = FALLBACK;
+        goto done;
+    }
+    result = PyTuple_New(resource ? 5 : 2);
+    if (result == NULL) {
+        rc = NOMEM;
+        goto done;
+    }
+    PyObject *main = column_result(&cols[0], count);
+    if (main == NULL) {
+        Py_CLEAR(result);
+        goto done;
+    }
+    PyTuple_SET_ITEM(result, 0, PyTuple_GET_ITEM(main, 0));
+    PyTuple_SET_ITEM(result, 1, PyTuple_GET_ITEM(main, 1));
+    Py_INCREF(PyTuple_GET_ITEM(main, 0));
+    Py_INCREF(PyTuple_GET_ITEM(main, 1));
+    Py_DECREF(main);
+    for (int k = 1; k < ncols; k++) {
+        PyObject *col = column_result(&cols[k], count);
+        if (col == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, k + 1, col);
+    }
+done:
+    for (int k = 0; k < 4; k++)
+        column_free(&cols[k]);
+    PyBuffer_Release(&view);
+    if (rc == NOMEM)
+        return PyErr_NoMemory();
+    if (rc == FALLBACK)
+        Py_RETURN_NONE;
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"records", records, METH_VARARGS, records_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    "persistlog._cbor_json",
+    "CBOR records as JSON text by docs/JSON.md, for the common subset of CBOR.",
+    -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__cbor_json(void)
+{
+    return PyModule_Create(&module);
+}
