@@ -111,7 +111,7 @@ def table(matrix: list[relkit.MatrixFigures], soak: dict, fuzz: relfuzz.FuzzFigu
         "| hostile input | value |",
         "|---|---:|",
         f"| corrupt or hostile destinations tried | {fuzz.inputs} |",
-        f"| reads (restore strict, restore skip, follower poll) | {fuzz.ok + fuzz.corrupt + fuzz.escapes} |",
+        f"| reads (restore strict, restore skip, follower poll, Spark reader as JSON) | {fuzz.ok + fuzz.corrupt + fuzz.escapes} |",
         f"| read cleanly / refused with CorruptLogError | {fuzz.ok} / {fuzz.corrupt} |",
         f"| **escapes (any other exception)** | **{fuzz.escapes}** |",
         f"| records holding a non-inert type | {fuzz.foreign} |",
