@@ -184,7 +184,11 @@ class Log(LogCore):
         return self.dest.url
 
     def stats(self) -> dict[str, Any]:
-        """Counts, bytes, logs, the last rotation, the last error, destination health."""
+        """Counts, bytes, logs, the last rotation, the last error, destination health.
+
+        ``rotating`` is True while a new log is started and enumerated, ``retaining`` while
+        old logs are deleted after it.
+        """
         r = self._rotator
         sw = self._current_writer
         return {
@@ -199,7 +203,8 @@ class Log(LogCore):
             ),
             "rotations": r.rotations,
             "rotation_failures": r.failures,
-            "rotating": r.rotating,
+            "rotating": r.rotating and not r.retaining,
+            "retaining": r.retaining,
             "last_rotation": r.last_rotation,
             "complete_logs": sorted(r.known_complete),
             "last_error": repr(self._failed or r.last_error) if (self._failed or r.last_error) else None,

@@ -62,7 +62,8 @@ class Rotator:
         self.failures = 0
         self.last_rotation: dict[str, Any] | None = None
         self.last_error: BaseException | None = None
-        self.rotating = False
+        self.rotating = False  # a rotation owns the head of the queue (its retention too)
+        self.retaining = False  # ... and is deleting old logs
         self._snapshot_bytes = 0
         self._pointer_moved = True  # whether the last rotation's CURRENT move succeeded
         self._started_at = time.monotonic()
@@ -129,7 +130,11 @@ class Rotator:
                         fut.set_exception(e)
                     else:
                         fut.set_result(seq)
-                        self._retain()
+                        self.retaining = True
+                        try:
+                            self._retain()
+                        finally:
+                            self.retaining = False
                         done = True
             finally:
                 with self._cv:

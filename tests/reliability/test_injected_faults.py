@@ -212,6 +212,30 @@ def test_failing_pointer_move_is_not_fatal(tmp_path: Path, point: str) -> None:
     check_reopen(tmp_path / "log", d.model)
 
 
+def test_stats_say_retaining_not_rotating_while_old_logs_go(tmp_path: Path) -> None:
+    sim = CrashSim(record=False)
+    url, opts = sim.local(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: emit({"op": "put", "key": "k", "value": 1}), storage_options=opts,
+                         retain=1, rotate_bytes=None, flush_interval=3600.0)
+    deleting = threading.Event()
+    release = threading.Event()
+
+    def slow_delete(label: str, point: str) -> None:
+        deleting.set()
+        release.wait(10)
+
+    lg.rotate()  # two complete logs: the next rotation deletes the first
+    sim.on("before:delete segment", slow_delete)
+    assert lg.stats()["rotating"] is False and lg.stats()["retaining"] is False
+    lg.rotate(wait=False)
+    assert deleting.wait(10)
+    stats = lg.stats()
+    release.set()
+    assert stats["retaining"] is True and stats["rotating"] is False
+    wait_until(lambda: not lg.stats()["retaining"], describe="retention to end")
+    lg.close()
+
+
 def test_failing_retention_is_retried_later(tmp_path: Path) -> None:
     sim = CrashSim()
     d = open_driver(sim, tmp_path / "log")
