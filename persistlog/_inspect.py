@@ -566,11 +566,19 @@ def inspect_destination(
     segments_before = 0
     checked = 0
     previous: LogInfo | None = None
+    oldest: LogInfo | None = None
+    cut_short: tuple[LogInfo, LogInfo] | None = None
     for seq, segments in logs.items():
         on_batch = None
         if progress is not None:
             on_batch = _batch_progress(progress, seq, segments_before, total_segments, bytes_before)
         expect = previous.next_lsn if previous is not None else None
+        # Retention deletes the oldest log last segment first: an interrupted one leaves
+        # it unsealed, ending before the next log starts. Whether that matters is decided
+        # once it is known where a restore starts.
+        after_oldest = previous is not None and previous is oldest and not previous.sealed
+        if after_oldest:
+            expect = None
         if previous is not None and seq != previous.seq + 1 and previous.segments:
             last = previous.segments[-1]
             missing = f"log {previous.seq + 1}" if seq == previous.seq + 2 else f"logs {previous.seq + 1}..{seq - 1}"
@@ -585,15 +593,45 @@ def inspect_destination(
         info = reader.read()
         checked += reader.records_checked
         report.logs.append(info)
+        if after_oldest and previous is not None and info.first_lsn != previous.next_lsn:
+            cut_short = (previous, info)
         bytes_before += info.bytes
         segments_before += len(segments)
         if progress is not None:
             progress(Progress(seq, segments_before, total_segments, bytes_before))
         if not info.vanished:
             previous = info
+            oldest = oldest or info
     report.records_checked = checked if check_records else None
     _decide_restore(report)
+    if cut_short is not None:
+        _judge_cut_short(report, *cut_short)
     return report
+
+
+def _judge_cut_short(report: DestinationReport, old: LogInfo, new: LogInfo) -> None:
+    """The oldest log ends, unsealed, before the next one starts: the leftover of an
+    interrupted retention when a restore does not need it, a break in the chain if it does."""
+    if report.restore_from is not None and report.restore_from > old.seq:
+        last = old.segments[-1] if old.segments else None
+        old.problems.append(
+            Problem(
+                WARNING,
+                f"log {old.seq} ends at LSN {old.next_lsn} without a seal and log {new.seq} starts at LSN "
+                f"{new.first_lsn}: retention was deleting it when it was interrupted (the next retention "
+                f"finishes); restore starts at log {report.restore_from}",
+                old.seq, last.name if last else None, last.bytes if last else None,
+            )
+        )
+        return
+    first = new.segments[0].name if new.segments else None
+    new.problems.insert(
+        0,
+        Problem(
+            CORRUPT, f"segment starts at LSN {new.first_lsn}, expected {old.next_lsn}", new.seq, first, 0,
+            lsn=old.next_lsn, records_before=0,
+        ),
+    )
 
 
 def _batch_progress(

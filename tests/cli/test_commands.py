@@ -155,6 +155,29 @@ def test_verify_finds_a_gap_in_the_seq_chain(logdir: str) -> None:
     assert run.status == 1 and "log 2 missing between logs 1 and 3" in run.out
 
 
+def _drop_last_segment(logdir: str, seq: int) -> str:
+    names = sorted(n for n in os.listdir(logdir) if n.startswith(f"{seq:020d}-"))
+    assert len(names) > 1
+    os.unlink(os.path.join(logdir, names[-1]))
+    return names[-2]
+
+
+def test_an_interrupted_retention_is_a_warning_not_corruption(logdir: str, expected: dict) -> None:
+    """Retention deletes the oldest log last segment first: interrupted, it leaves that log
+    unsealed and short of the next. Restore never reads it, so verify only says so."""
+    _drop_last_segment(logdir, 1)
+    run = cli("verify", logdir)
+    assert run.status == 0, run.out
+    assert "retention was deleting it when it was interrupted" in run.out and "restore starts at log 3" in run.out
+    assert restore_dict(logdir)[0] == expected
+
+
+def test_a_middle_log_cut_short_is_still_corruption(logdir: str) -> None:
+    _drop_last_segment(logdir, 2)
+    run = cli("verify", logdir)
+    assert run.status == 1 and "CORRUPT: log 3" in run.out and "expected" in run.out, run.out
+
+
 def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: str) -> None:
     from persistlog import _encoder
 
