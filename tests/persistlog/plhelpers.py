@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -264,41 +264,36 @@ def fill_disk(lg: persistlog.Log) -> None:
         os.close(full)
 
 
-def app_batches(url: str) -> list[tuple[int, int]]:
-    """``(first LSN, record count)`` of every batch of records at ``url``, in order."""
+def _scanners(url: str, only: int | None = None) -> Iterator[Any]:
+    """A LogScanner per log at ``url`` (or for log ``only``), in order; iterate each."""
     from destinations import open_destination
     from persistlog._reader import LogScanner, list_logs
 
     dest = open_destination(url)
-    out = []
     for seq, segments in sorted(list_logs(dest).items()):
-        for batch in LogScanner(dest, seq, segments):
-            if not batch.is_control:
-                out.append((batch.first_lsn, batch.header.count))
-    return out
+        if only is None or seq == only:
+            yield LogScanner(dest, seq, segments)
+
+
+def app_batches(url: str) -> list[tuple[int, int]]:
+    """``(first LSN, record count)`` of every batch of records at ``url``, in order."""
+    return [(b.first_lsn, b.header.count) for sc in _scanners(url) for b in sc if not b.is_control]
+
+
+def _scanned_state(url: str, seq: int) -> Any:
+    (scanner,) = _scanners(url, seq)
+    for _batch in scanner:
+        pass
+    return scanner.state
 
 
 def is_complete_log(url: str, seq: int) -> bool:
     """Whether log ``seq`` at ``url`` holds its snapshot-complete marker."""
-    from destinations import open_destination
-    from persistlog._reader import LogScanner, list_logs
-
-    dest = open_destination(url)
-    scanner = LogScanner(dest, seq, list_logs(dest)[seq])
-    for _batch in scanner:
-        pass
-    return scanner.state.complete
+    return bool(_scanned_state(url, seq).complete)
 
 
 def is_sealed_log(url: str, seq: int) -> bool:
-    from destinations import open_destination
-    from persistlog._reader import LogScanner, list_logs
-
-    dest = open_destination(url)
-    scanner = LogScanner(dest, seq, list_logs(dest)[seq])
-    for _batch in scanner:
-        pass
-    return scanner.state.sealed
+    return bool(_scanned_state(url, seq).sealed)
 
 
 def truncate(path: str, size: int) -> None:
