@@ -19,7 +19,7 @@ import os
 import sqlite3
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import cbor2
@@ -39,17 +39,23 @@ def naive_write(records: Sequence[Any], path: str) -> None:
         os.fsync(f.fileno())
 
 
-def sqlite_write(records: Sequence[dict[str, Any]], path: str) -> None:
-    dumps = cbor2.dumps
+def _sqlite_insert(path: str, table: str, insert: str, rows: Iterable[tuple[Any, ...]]) -> None:
+    """``rows`` into a durable (WAL, synchronous=FULL) sqlite3 table, in one transaction."""
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS kv (key INTEGER, value BLOB)")
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {table}")
         with conn:
-            conn.executemany("INSERT INTO kv (key, value) VALUES (?, ?)", ((r["key"], dumps(r["value"])) for r in records))
+            conn.executemany(insert, rows)
     finally:
         conn.close()
+
+
+def sqlite_write(records: Sequence[dict[str, Any]], path: str) -> None:
+    dumps = cbor2.dumps
+    _sqlite_insert(path, "kv (key INTEGER, value BLOB)", "INSERT INTO kv (key, value) VALUES (?, ?)",
+                   ((r["key"], dumps(r["value"])) for r in records))
 
 
 def sqlite_read(path: str) -> dict[Any, Any]:
@@ -67,15 +73,7 @@ def sqlite_read(path: str) -> dict[Any, Any]:
 def sqlite_write_records(records: Sequence[Any], path: str) -> None:
     """The same records persistlog logs, one CBOR blob per row (a log table in sqlite3)."""
     dumps = cbor2.dumps
-    conn = sqlite3.connect(path)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("CREATE TABLE IF NOT EXISTS log (record BLOB)")
-        with conn:
-            conn.executemany("INSERT INTO log (record) VALUES (?)", ((dumps(r),) for r in records))
-    finally:
-        conn.close()
+    _sqlite_insert(path, "log (record BLOB)", "INSERT INTO log (record) VALUES (?)", ((dumps(r),) for r in records))
 
 
 def sqlite_read_records(path: str) -> dict[Any, Any]:

@@ -95,31 +95,29 @@ def _choice(opts: Mapping[str, Any], name: str, allowed: tuple[str, ...]) -> str
     return value
 
 
-def _lsn(opts: Mapping[str, Any], name: str) -> int | None:
+def _int_option(opts: Mapping[str, Any], name: str, what: str, minimum: int, below: str) -> int | None:
+    """Option ``name`` as an integer of at least ``minimum``; None when not given."""
     value = opts.get(name)
     if value is None or value == "":
         return None
     try:
-        lsn = int(str(value).strip())
+        number = int(str(value).strip())
     except ValueError:
-        raise ValueError(f"option {name} must be an integer LSN, not {value!r}") from None
-    if lsn < 1:
-        raise ValueError(f"option {name} must be >= 1 (LSNs start at 1), not {lsn}")
-    return lsn
+        raise ValueError(f"option {name} must be {what}, not {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"option {name} must be {below}, not {number}")
+    return number
+
+
+def _lsn(opts: Mapping[str, Any], name: str) -> int | None:
+    return _int_option(opts, name, "an integer LSN", 1, ">= 1 (LSNs start at 1)")
 
 
 def _count(opts: Mapping[str, Any], name: str) -> int:
-    value = opts.get(name)
-    if value is None or value == "":
-        # The planning host's cores: right for local Spark, a fair guess on a cluster's driver.
-        return os.cpu_count() or 1
-    try:
-        count = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"option {name} must be a positive integer, not {value!r}") from None
-    if count < 1:
-        raise ValueError(f"option {name} must be a positive integer, not {count}")
-    return count
+    count = _int_option(opts, name, "a positive integer", 1, "a positive integer")
+    # Not given: the planning host's cores, right for local Spark, a fair guess on a
+    # cluster's driver.
+    return count if count is not None else os.cpu_count() or 1
 
 
 def _size(value: Any) -> int:

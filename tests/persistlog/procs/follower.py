@@ -17,13 +17,7 @@ import time
 from typing import Any
 
 import persistlog
-
-
-def dump(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
+from results import dump
 
 
 def main() -> None:

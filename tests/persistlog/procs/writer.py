@@ -14,20 +14,13 @@ closing; otherwise it closes the log and writes ``result``: the final state and 
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import time
 from typing import Any
 
 import persistlog
-
-
-def dump(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-    os.replace(tmp, path)
+from results import dump
 
 
 def main() -> None:
