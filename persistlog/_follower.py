@@ -29,7 +29,7 @@ from . import _format as F
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
-from ._reader import Batch, LogScanner
+from ._reader import Batch, LogScanner, declares_gap, read_pointer
 from ._restore import plan, scan_from
 
 log = logging.getLogger("persistlog")
@@ -335,6 +335,13 @@ class Follower:
             seq, number = parsed
             if seq == cur.log and number == cur.segment + 1 and not self._sealed:
                 nxt = Cursor(seq, number, 0, cur.next_lsn)
+            elif (
+                number == 0
+                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and self._first_lsn(n) != cur.next_lsn))
+                and declares_gap(self.dest, [(0, n)])
+            ):
+                yield from self._after_gap(seq)
+                return
             elif seq == cur.log + 1 and number == 0:
                 first = None if self._sealed else self._first_lsn(n)
                 if first is not None and first != cur.next_lsn:
@@ -361,6 +368,16 @@ class Follower:
             self._cursor = nxt
             more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
             yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
+
+    def _after_gap(self, seq: int) -> Iterator[FollowedBatch]:
+        """Log ``seq`` follows a gap its writer left here (a secondary that was detached or
+        behind): our history cannot go on into it. Re-sync once a log from it on is
+        complete (CURRENT names it); until then there is nothing newer to apply."""
+        pointer = read_pointer(self.dest)
+        if pointer is not None and pointer >= seq:
+            yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
+        else:
+            self._at_end = True
 
     def _first_lsn(self, name: str) -> int | None:
         """The first LSN a segment's header names (None if damaged: the scan reports it)."""
