@@ -34,6 +34,8 @@ from ._errors import CorruptLogError, DestinationError
 log = logging.getLogger("persistlog")
 
 READ_CHUNK = 4 * 1024 * 1024
+# A log header batch is small unless the app's metadata is big: one read usually holds it.
+HEADER_PEEK = 1024
 
 RECOVERY_MODES = ("strict", "skip")
 
@@ -167,14 +169,17 @@ def header_record(batch: bytes, offset: int = F.SEGMENT_HEADER_SIZE) -> dict[str
 
 
 def declares_gap(dest: Destination, segments: list[tuple[int, str]]) -> bool:
-    """Whether the log made of ``segments`` says in its header that it follows a gap."""
+    """Whether the log made of ``segments`` says in its header that it follows a gap.
+
+    Reads the start of its first segment only (one small read, two for a big header)."""
     if not segments or segments[0][0] != 0:
         return False
+    seg = SegmentBytes(dest, segments[0][1], 0, chunk=HEADER_PEEK)
     try:
-        seg = SegmentBytes.open(dest, segments[0][1], 0)
+        seg.size = dest.size(seg.name) if dest.appendable else F.SEGMENT_HEADER_SIZE + F.MAX_BATCH_BYTES
+        return _gap_declared(seg)
     except OSError:
         return False
-    return _gap_declared(seg)
 
 
 def _gap_declared(seg: SegmentBytes) -> bool:

@@ -13,91 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crashsim import CrashSim, quiet_crash_threads
+from crashsim import CrashSim
 from faults import FaultPlan
+from secondary_crashes import (
+    App,
+    apply,
+    crash_with_secondary_behind,
+    is_prefix,
+    restart_and_crash_on_the_secondary,
+    restore,
+    steps,
+)
 
 import persistlog
 from destinations import open_destination
-from plhelpers import apply, wait_until
+from plhelpers import wait_until
 
 KINDS = ("local", "memory")
-
-
-class App:
-    """A dict of resources; every update is ``{"k": key, "v": n}`` with n its step."""
-
-    def __init__(self, state: dict[str, Any] | None = None) -> None:
-        self.state: dict[str, Any] = dict(state or {})
-        self.log: persistlog.Log | None = None
-
-    def enumerate_all(self, emit: Any) -> None:
-        for k, v in list(self.state.items()):
-            emit({"op": "put", "key": k, "value": v})
-
-    def put(self, key: str, value: Any) -> None:
-        assert self.log is not None
-        self.log.update({"op": "put", "key": key, "value": value})
-        self.state[key] = value
-
-
-def steps(app: App, first: int, count: int) -> None:
-    """Updates ``first .. first+count-1``: key ``n`` is set to ``n`` and ``last`` to ``n``."""
-    for n in range(first, first + count):
-        app.put(f"k{n % 7}", n)
-        app.put("last", n)
-
-
-def is_prefix(state: dict[str, Any]) -> int:
-    """The step ``state`` is the result of (failing the test if it is no such state)."""
-    n = state.get("last", 0)
-    expected: dict[str, Any] = {}
-    for i in range(1, n + 1):
-        expected[f"k{i % 7}"] = i
-        expected["last"] = i
-    assert state == expected, f"not the state after a prefix of the updates: {sorted(state.items())[:10]}"
-    return int(n)
-
-
-def restore(url: str, **options: Any) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-    state: dict[str, Any] = {}
-    result = persistlog.restore(url, lambda r: apply(state, r), **options)
-    return state, result
-
-
-def write_point(kind: str) -> str:
-    return "before:append.write segment" if kind == "local" else "before:put segment"
-
-
-def secondary_site(kind: str, tmp_path: Path, sim: CrashSim) -> tuple[str, tuple[str, dict[str, Any]]]:
-    """``(plain url, (url, options) through the simulated machine)`` of the secondary."""
-    if kind == "local":
-        path = str(tmp_path / "secondary")
-        return path, sim.local(path, label="secondary")
-    url = f"memory://sec-{uuid.uuid4().hex[:10]}/log"
-    return url, sim.remote(url, label="secondary")
-
-
-def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_ttl: float) -> tuple[str, int]:
-    """A writer whose secondary stalls after step 20 dies at step 50: the secondary is 30
-    steps behind. Returns the secondary's plain URL and the last acknowledged step."""
-    primary = str(tmp_path / "primary")
-    sec_url, sec = secondary_site(kind, tmp_path, sim)
-    hold, release = threading.Event(), threading.Event()
-    sim.on(write_point(kind), lambda label, point: hold.is_set() and release.wait(10), times=1 << 30,
-           label="secondary")
-    app = App()
-    url, so = sim.local(primary)
-    app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
-                              durability="fsync", lease_ttl=lease_ttl, flush_interval=0.01)
-    steps(app, 1, 20)
-    wait_until(lambda: restore(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
-    hold.set()
-    steps(app, 21, 30)
-    time.sleep(0.05)
-    sim.crash()
-    release.set()
-    sim.abandon(app.log)
-    return sec_url, 50
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -112,22 +44,7 @@ def test_restart_over_a_secondary_left_behind_restores_a_prefix(kind: str, tmp_p
 
     # The restarted writer (the dead one's lease may still run) crashes right after its
     # first log's header reached the secondary.
-    sim = CrashSim()
-    sim.crash_at("after:create segment" if kind == "local" else "after:put segment", label="secondary")
-    state, _ = restore(str(tmp_path / "primary"))
-    assert is_prefix(state) == acked
-    app = App(state)
-    url, so = sim.local(str(tmp_path / "primary"))
-    sec = sim.local(sec_url, label="secondary") if kind == "local" else sim.remote(sec_url, label="secondary")
-    with quiet_crash_threads():
-        try:
-            app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
-                                      durability="fsync", lease_ttl=0.4)
-            wait_until(lambda: sim.frozen, 10, "the crash on the secondary")
-        except BaseException:  # noqa: BLE001 - the simulated crash, however it surfaces
-            assert sim.frozen
-        if app.log is not None:
-            sim.abandon(app.log)
+    restart_and_crash_on_the_secondary(kind, tmp_path, sec_url, acked)
     logs = sorted({int(n[:20]) for n in open_destination(sec_url).list() if n.endswith(".plog")})
     after, res = restore(sec_url)
     assert after == before, "the secondary's state is the one before the gap"
