@@ -435,7 +435,12 @@ def _check_site(config: Config, site: Site, model: Model, out: CrashOutcome) -> 
         problem = check_prefix(model, sstate, need_acked=False)
         if problem:
             return "secondary: " + problem
+    if secondary is not None:
+        problem = _restart_dying_in_enumeration(site, secondary, model, state)
+        if problem:
+            return problem
     # A new writer continues from what survived, on the same secondary.
+    state, _ = restore_state(site.plain_primary)
     app = App(state)
     try:
         lg = app.open(site.plain_primary, durability="fsync", segment_bytes=4096, retain=1,
@@ -456,6 +461,33 @@ def _check_site(config: Config, site: Site, model: Model, out: CrashOutcome) -> 
         if again != expected:
             # A clean close leaves the secondary with exactly the primary's state.
             return f"after reopen + 1 update the restore{where} differs: {_short(again)} != {_short(expected)}"
+    return None
+
+
+def _restart_dying_in_enumeration(site: Site, secondary: str, model: Model, state: dict[Any, Any]) -> str | None:
+    """A restarted writer whose first enumeration fails (as if it died there) leaves a new,
+    incomplete log on the secondary, which may not continue what the crash left there:
+    restoring the secondary must still give a prefix, and the primary what it held."""
+    app = App(state)
+
+    def dies(emit: Callable[[Any], None]) -> None:
+        app.enumerate_all(emit)
+        raise RuntimeError("the restarted writer died in its first enumeration")
+
+    try:
+        persistlog.open(site.plain_primary, dies, durability="fsync", segment_bytes=4096, retain=1,
+                        secondaries=[secondary])
+        return "the failing enumeration did not fail open()"
+    except persistlog.EnumerateError:
+        pass
+    for where, url in (("", site.plain_primary), (" of the secondary", secondary)):
+        try:
+            got, _ = restore_state(url)
+        except persistlog.PersistLogError as e:
+            return f"restore{where} after a restart that died raised {type(e).__name__}: {e}"
+        problem = check_prefix(model, got, need_acked=not where)
+        if problem:
+            return f"after a restart that died{where}: {problem}"
     return None
 
 
