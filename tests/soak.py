@@ -438,6 +438,12 @@ def supervise(args: argparse.Namespace) -> Figures:
     started = time.monotonic()
     try:
         lanes = make_lanes(kinds, root, moto)
+        if args.lanes:
+            wanted = {n.strip() for n in args.lanes.split(",") if n.strip()}
+            unknown_lanes = wanted - {lane.name for lane in lanes}
+            if unknown_lanes:
+                raise SystemExit(f"unknown lanes {sorted(unknown_lanes)} for --destinations {args.destinations}")
+            lanes = [lane for lane in lanes if lane.name in wanted]
         with open(os.path.join(root, "children.log"), "ab") as log_file:
             while figures.iterations < args.iterations and time.monotonic() - started < args.seconds:
                 lane = lanes[figures.iterations % len(lanes)]
@@ -462,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--destinations", default="local,s3", help="comma-separated: local, s3")
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--lanes", help="comma-separated lane names to run (default: all of the destinations')")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--workdir", help="keep the logs here (default: a temporary directory)")
