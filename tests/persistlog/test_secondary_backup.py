@@ -6,7 +6,10 @@ the primary's state. Followers of a secondary get the same."""
 from __future__ import annotations
 
 import errno
+import io
+import json
 import threading
+from contextlib import redirect_stderr, redirect_stdout
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +35,18 @@ from plhelpers import wait_until
 KINDS = ("local", "memory")
 
 
+def cli(*argv: str) -> Any:
+    """The ``persistlog`` command in this process: (status, out) as ``.status``/``.out``."""
+    from types import SimpleNamespace
+
+    from persistlog.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(list(argv))
+    return SimpleNamespace(status=status, out=out.getvalue(), err=err.getvalue())
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("clean_memory_fs")
 def test_restart_over_a_secondary_left_behind_restores_a_prefix(kind: str, tmp_path: Path) -> None:
@@ -50,6 +65,15 @@ def test_restart_over_a_secondary_left_behind_restores_a_prefix(kind: str, tmp_p
     assert after == before, "the secondary's state is the one before the gap"
     assert res.after_gap == [logs[-1]] and res.last_lsn < res.next_lsn
     assert res.last_commit_us is not None
+    # The CLI says the same: how far a failover to the secondary reaches, and no damage.
+    info = cli("info", sec_url, "--json")
+    report = json.loads(info.out)
+    assert info.status == 0 and report["clean"], info.out
+    assert (report["restore_last_lsn"], report["restore_last_commit_us"]) == (res.last_lsn, res.last_commit_us)
+    assert report["restore_skips"] == res.after_gap and report["gaps"] == res.after_gap
+    text = cli("info", sec_url).out
+    assert f"reaches      LSN {res.last_lsn}, committed " in text and "follow a gap" in text, text
+    assert cli("verify", sec_url).status == 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
