@@ -109,10 +109,10 @@ def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, 
     right after that writer's first segment reached the secondary."""
     sim = CrashSim()
     sim.crash_at("after:create segment" if kind == "local" else "after:put segment", label="secondary")
-    state, _ = restore(str(tmp_path / "primary"))
+    url, so = sim.local(str(tmp_path / "primary"))
+    state, _ = restore(url, storage_options=so)  # through the URL it then opens
     assert is_prefix(state) == acked
     app = App(state)
-    url, so = sim.local(str(tmp_path / "primary"))
     sec = sim.local(sec_url, label="secondary") if kind == "local" else sim.remote(sec_url, label="secondary")
     with quiet_crash_threads():
         try:
