@@ -278,3 +278,64 @@ def test_secondary_that_missed_logs_restores_the_state_before_them(tmp_path: Pat
         app.log.close()
     state, res = restore(url, storage_options=so)
     assert state == app.state and not res.after_gap
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("primary_kind", ["local", "s3"])
+def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
+    primary_kind: str, tmp_path: Path, s3_storage_options: dict[str, Any], s3_bucket: str
+) -> None:
+    """A local primary with an S3 secondary, and an S3 primary with a local secondary: the
+    writer dies with the secondary behind; the next one (after a restore) runs and closes
+    cleanly; then the secondary restores to exactly the primary's state."""
+    so = s3_storage_options
+    s3_url = f"s3://{s3_bucket}/{'primary' if primary_kind == 's3' else 'secondary'}"
+    local = str(tmp_path / ("secondary" if primary_kind == "s3" else "primary"))
+    primary, secondary = (s3_url, local) if primary_kind == "s3" else (local, s3_url)
+    options = {s3_url: so, local: None}
+    sim = CrashSim()
+    hold, release = threading.Event(), threading.Event()
+    sim.on("before:put segment" if primary_kind == "local" else "before:append.write segment",
+           lambda label, point: hold.is_set() and release.wait(10), times=1 << 30, label="secondary")
+
+    def through_sim(url: str, label: str) -> tuple[str, dict[str, Any]]:
+        return sim.remote(url, so, label=label) if url == s3_url else sim.local(url, label=label)
+
+    app = App()
+    url, popts = through_sim(primary, "primary")
+    app.log = persistlog.open(url, app.enumerate_all, storage_options=popts, durability="fsync", lease_ttl=1.0,
+                              secondaries=[through_sim(secondary, "secondary")], flush_interval=0.02)
+    steps(app, 1, 15)
+    wait_until(lambda: restore(secondary, storage_options=options[secondary])[0].get("last") == 15, 15,
+               "the secondary catching up")
+    hold.set()
+    steps(app, 16, 15)
+    sim.crash()
+    release.set()
+    sim.abandon(app.log)
+    state, _ = restore(primary, storage_options=options[primary])
+    assert is_prefix(state) == 30
+    behind, _ = restore(secondary, storage_options=options[secondary])
+    assert 15 <= is_prefix(behind) < 30
+
+    app = App(state)
+    deadline = time.monotonic() + 10
+    while True:  # an S3 primary is the dead writer's until its lease ends
+        try:
+            app.log = persistlog.open(primary, app.enumerate_all, storage_options=options[primary],
+                                      secondaries=[(secondary, options[secondary] or {})], lease_ttl=1.0)
+            break
+        except persistlog.WriterConflict:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    try:
+        steps(app, 31, 10)
+        wait_until(lambda: app.log is not None and app.log.stats()["destinations"][1]["complete_log"], 15,
+                   lambda: str(app.log.stats()["destinations"] if app.log else None))
+        steps(app, 41, 10)
+    finally:
+        app.log.close()
+    pstate, pres = restore(primary, storage_options=options[primary])
+    sstate, sres = restore(secondary, storage_options=options[secondary])
+    assert sstate == pstate == app.state
+    assert (sres.last_lsn, sres.last_commit_us) == (pres.last_lsn, pres.last_commit_us)
