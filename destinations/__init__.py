@@ -20,6 +20,7 @@ exceptions only (plus :class:`LockHeld`, a ``BlockingIOError``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
@@ -31,24 +32,46 @@ __all__ = [
     "LockHeld",
     "WriterLock",
     "available",
+    "destination_url",
     "open_destination",
     "register",
 ]
 
 
-def open_destination(url: str, **storage_options: Any) -> Destination:
+def open_destination(url: str | os.PathLike[str], **storage_options: Any) -> Destination:
     """Build the destination for ``url``, choosing the driver from its protocol.
 
-    Raises ``ValueError`` for an unknown protocol (naming the nearest known one) and
+    ``url`` is a string or any ``os.PathLike`` (a ``pathlib.Path``); another type is a
+    ``TypeError``, an empty string a ``ValueError``. Raises ``ValueError`` for an unknown
+    protocol (naming the nearest known one) and
     ``ImportError`` with an install hint when the driver's dependencies are missing
     (``s3://`` needs ``pip install 'persistlog[s3]'``). Nothing is created: call
     :meth:`Destination.ensure` to make the directory.
     """
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"destination URL must be a non-empty string, not {url!r}")
+    url = destination_url(url)
     protocol, _ = split_protocol(url)
     cls, hint = driver_for(protocol)
     try:
         return cls(url, storage_options)
     except ImportError as e:
         raise ImportError(with_hint(str(e), hint, protocol)) from e
+
+
+def destination_url(url: str | os.PathLike[str]) -> str:
+    """``url`` as the string every driver takes: a ``str`` as it is, an ``os.PathLike``
+    (``pathlib.Path``...) through ``os.fspath``.
+
+    ``TypeError`` for any other type (bytes paths included), ``ValueError`` for an empty
+    URL.
+    """
+    if not isinstance(url, str):
+        fspath = getattr(type(url), "__fspath__", None)
+        text = fspath(url) if fspath is not None else None
+        if not isinstance(text, str):
+            raise TypeError(
+                f"a destination URL must be a str or an os.PathLike such as pathlib.Path, not {type(url).__name__}"
+            )
+        url = text
+    if not url:
+        raise ValueError("a destination URL must not be empty")
+    return url

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -400,7 +401,7 @@ class Follower:
 
 
 def follow(
-    url: str,
+    url: str | os.PathLike[str],
     replay: Callable[[Any], Any] | None = None,
     *,
     replay_batch: Callable[[list[Any]], Any] | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from destinations import Destination, open_destination
+from destinations import Destination, destination_url, open_destination
 
 from . import _format as F
 from ._codec import Codec
@@ -30,7 +31,7 @@ LOCAL_FLUSH_INTERVAL = 0.1
 LEASE_TTL = 30.0
 
 
-def _destination(url: str, storage_options: dict[str, Any] | None) -> Destination:
+def _destination(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Destination:
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
     return open_destination(url, **(storage_options or {}))
@@ -113,7 +114,7 @@ class Log(LogCore):
 
     def add_destination(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         storage_options: dict[str, Any] | None = None,
         wait: bool = True,
@@ -125,6 +126,7 @@ class Log(LogCore):
         record goes to it too, through its own writer thread and bounded queue.
         """
         self._check()
+        url = destination_url(url)
         if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
             raise ValueError(f"{url} is already a destination of this log")
         replica = self._make_replica(url, storage_options)
@@ -145,7 +147,7 @@ class Log(LogCore):
                 raise ValueError(f"{url} is not a secondary destination of this log")
         replica.close(seal=True)
 
-    def _make_replica(self, url: str, storage_options: dict[str, Any] | None) -> Replica:
+    def _make_replica(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Replica:
         dest = _destination(url, storage_options)
         replica = Replica(
             dest,
@@ -317,7 +319,7 @@ class Log(LogCore):
 
 
 def open(
-    url: str,
+    url: str | os.PathLike[str],
     enumerate_all: EnumerateAll,
     *,
     durability: str = "buffered",
@@ -331,7 +333,7 @@ def open(
     storage_options: dict[str, Any] | None = None,
     compression: str | None = None,
     on_error: Callable[[BaseException], None] | None = None,
-    secondaries: list[str | tuple[str, dict[str, Any]]] | None = None,
+    secondaries: list[str | os.PathLike[str] | tuple[str | os.PathLike[str], dict[str, Any] | None]] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     flush_interval: float | None = None,
@@ -405,10 +407,10 @@ def open(
             on_complete=lg._on_complete,
         )
         for entry in secondaries or []:
-            if isinstance(entry, str):
-                lg._replicas.append(lg._make_replica(entry, None))
-            elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str):
+            if isinstance(entry, tuple) and len(entry) == 2:
                 lg._replicas.append(lg._make_replica(entry[0], entry[1]))
+            elif isinstance(entry, (str, os.PathLike)):
+                lg._replicas.append(lg._make_replica(entry, None))
             else:
                 raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
         lg._after_batch = lg._rotator.check_triggers

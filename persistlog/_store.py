@@ -9,7 +9,7 @@ Its records follow one documented convention, which the Spark replay understands
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -152,9 +152,21 @@ class ResourceStore(MutableMapping[Any, Any]):
             return default
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
-        """Set several keys, one logged change each, with no other change in between."""
+        """Set several keys (as ``dict.update`` takes them) in one logged batch: a crash
+        keeps all of them or none, and if any key or value cannot be logged
+        (``TypeError``) none is set. Like :meth:`Log.update_many`, one call holds at most
+        one batch (about 56 MiB; ``ValueError`` beyond)."""
+        if isinstance(other, Mapping):
+            pairs = list(other.items())
+        elif hasattr(other, "keys"):
+            pairs = [(k, other[k]) for k in other.keys()]
+        else:
+            pairs = list(other)
+        pairs += kwargs.items()
         with self._lock:
-            super().update(other, **kwargs)
+            self.log.update_many([{"op": "put", "key": k, "value": v} for k, v in pairs])
+            for k, v in pairs:
+                self._data[k] = v
 
     def clear(self) -> None:
         """Delete every key (one logged change each)."""
