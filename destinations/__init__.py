@@ -20,11 +20,11 @@ exceptions only (plus :class:`LockHeld`, a ``BlockingIOError``).
 
 from __future__ import annotations
 
-import os
+import os as _os
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
-from ._registry import available, driver_for, register, split_protocol, with_hint
+from ._registry import available, destination_url, driver_for, register, split_protocol, with_hint
 
 __all__ = [
     "AppendFile",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def open_destination(url: str | os.PathLike[str], **storage_options: Any) -> Destination:
+def open_destination(url: str | _os.PathLike[str], **storage_options: Any) -> Destination:
     """Build the destination for ``url``, choosing the driver from its protocol.
 
     ``url`` is a string or any ``os.PathLike`` (a ``pathlib.Path``); another type is a
@@ -56,22 +56,3 @@ def open_destination(url: str | os.PathLike[str], **storage_options: Any) -> Des
     except ImportError as e:
         raise ImportError(with_hint(str(e), hint, protocol)) from e
 
-
-def destination_url(url: str | os.PathLike[str]) -> str:
-    """``url`` as the string every driver takes: a ``str`` as it is, an ``os.PathLike``
-    (``pathlib.Path``...) through ``os.fspath``.
-
-    ``TypeError`` for any other type (bytes paths included), ``ValueError`` for an empty
-    URL.
-    """
-    if not isinstance(url, str):
-        fspath = getattr(type(url), "__fspath__", None)
-        text = fspath(url) if fspath is not None else None
-        if not isinstance(text, str):
-            raise TypeError(
-                f"a destination URL must be a str or an os.PathLike such as pathlib.Path, not {type(url).__name__}"
-            )
-        url = text
-    if not url:
-        raise ValueError("a destination URL must not be empty")
-    return url

@@ -184,6 +184,19 @@ class Follower:
             n += len(fb.records)
         return n
 
+    def __repr__(self) -> str:
+        if self._error is not None:
+            state = f"stopped by {type(self._error).__name__}"
+        elif self._thread is not None and self._thread.is_alive():
+            state = "running"
+        else:
+            state = "idle"
+        cursor = str(self._cursor) if self._cursor is not None else None
+        return (
+            f"<persistlog.Follower {self.dest.url!r} cursor={cursor} applied={self.applied_records} "
+            f"lag={self.lag().records} {state}>"
+        )
+
     def wait_caught_up(self, timeout: float | None = None) -> bool:
         """Block until a poll found nothing new (background mode)."""
         return self._caught_up.wait(timeout)

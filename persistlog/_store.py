@@ -199,6 +199,13 @@ class ResourceStore(MutableMapping[Any, Any]):
         if self._log is not None:
             self._log.close()
 
+    def __repr__(self) -> str:
+        lg = self._log
+        if lg is None:
+            return f"<persistlog.ResourceStore {len(self._data)} keys, not open>"
+        state = "failed" if lg.failed else "closed" if lg.closed else "open"
+        return f"<persistlog.ResourceStore {lg.url!r} {len(self._data)} keys log={lg.seq} {state}>"
+
     def __enter__(self) -> ResourceStore:
         return self
 

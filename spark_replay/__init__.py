@@ -62,9 +62,12 @@ A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops i
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+
+from destinations import destination_url
 
 from ._session import local_session
 from ._source import PersistLogDataSource
@@ -100,19 +103,20 @@ def _reader(spark: SparkSession, options: dict[str, Any]) -> Any:
     return reader
 
 
-def read(spark: SparkSession, url: str, **options: Any) -> DataFrame:
+def read(spark: SparkSession, url: str | os.PathLike[str], **options: Any) -> DataFrame:
     """``spark.read.format("persistlog")`` with ``options`` given as Python values
-    (``storage_options`` as a dict); registers the source if needed."""
+    (``storage_options`` as a dict) and ``url`` a string or an ``os.PathLike``;
+    registers the source if needed."""
     if "min_partitions" not in options:
         try:
             options["min_partitions"] = spark.sparkContext.defaultParallelism
         except Exception:  # Spark Connect has no SparkContext: keep the source's default
             pass
-    df: DataFrame = _reader(spark, options).load(url)
+    df: DataFrame = _reader(spark, options).load(destination_url(url))
     return df
 
 
-def corrupt_report(spark: SparkSession, url: str, **options: Any) -> DataFrame:
+def corrupt_report(spark: SparkSession, url: str | os.PathLike[str], **options: Any) -> DataFrame:
     """Every damaged range of the logs at ``url``: what ``recovery="skip"`` passes over,
     plus the torn tails any read drops.
 
@@ -121,5 +125,5 @@ def corrupt_report(spark: SparkSession, url: str, **options: Any) -> DataFrame:
     scanned (checksums, chains) but records are only decoded, never converted. Takes the
     read options (``storage_options``, ``logs``, ``from_lsn``...).
     """
-    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(url)
+    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(destination_url(url))
     return df
