@@ -53,11 +53,19 @@ base_log      long       the newest log of this read whose snapshot was complete
                          record (or the first log ever): a replay from it reproduces the
                          full state as of this record; null when the read holds none
 op            string     ``convention="resource"`` only: ``put``/``del``, else null
-key           string     ``convention="resource"`` only: the key as JSON text
+key           string     ``convention="resource"`` only: a string key as itself, any other
+                         key as its JSON text (filter with ``df.key == "user:3"``)
+key_json      string     ``convention="resource"`` only: the key as lossless JSON text
+                         (``1``, ``"1"`` and ``true`` differ); :func:`state` groups by it
 value         string     ``convention="resource"`` only: the value as JSON text (puts)
 ============  =========  ================================================================
 
-A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it.
+``view``
+    ``records`` (default): the rows above. ``corrupt``: the damage report of
+    :func:`corrupt_report` instead.
+
+A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
+holding no log fails the read with :class:`persistlog.LogNotFoundError`.
 """
 
 from __future__ import annotations
