@@ -92,17 +92,21 @@ class Log(LogCore):
     update = LogCore.update
     update.__doc__ = """Append ``record``; returns its LSN.
 
-    Raises ``TypeError`` before anything is written if the record cannot be encoded.
-    In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
+    Raises ``TypeError`` before anything is written if the record cannot be encoded, or
+    if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
+    32 MiB. In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
     mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
     before this returns, sharing one fsync with concurrent callers.
     """
     update_many = LogCore.update_many
-    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last.
+    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last
+    (``None`` for no records: nothing is written).
 
-    The records go into one batch, so a crash keeps all of them or none. Every record is
-    encoded first: if any cannot be, ``TypeError`` is raised and none is written; if
-    together they are more than one batch holds (about 56 MiB), ``ValueError``.
+    ``records`` is an iterable of records (a list...); a ``str``, ``bytes`` or mapping is a
+    ``TypeError``, since each would iterate into characters, integers or keys. The records
+    go into one batch, so a crash keeps all of them or none. Every record is encoded first:
+    if any cannot be, ``TypeError`` is raised and none is written; if together they are
+    more than one batch holds (about 56 MiB), ``ValueError``.
     """
 
     def sync(self) -> None:
@@ -347,9 +351,12 @@ def open(
     :class:`EnumerateError` is raised). A second writer on the same destination gets
     :class:`WriterConflict`.
 
-    Triggers (``None`` turns one off): ``rotate_bytes`` (default 64 MiB of log),
-    ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
-    ``rotate_on_signal`` (e.g. ``signal.SIGUSR1``; main thread only). ``retain`` complete
+    ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
+    turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
+    in the current log), ``rotate_interval`` (seconds), ``rotate_on_signal`` (e.g.
+    ``signal.SIGUSR1``; main thread only; the previous handler is restored on close). A
+    log ends within about one batch (``batch_bytes``) of its size or count trigger; one
+    crossed while the log's own enumeration is still written fires when it ends. ``retain`` complete
     logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
     ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
     more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record

@@ -115,8 +115,10 @@ class Rotator:
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
             self._arm_records(True)
             core._batch_bytes = core.settings.batch_bytes
+            # Set before the request: the rotation thread may switch before it returns.
             core._switching = threading.Event()
-            self.request()
+            if self.request().done():  # refused: the log is closing
+                self._switched()
             return
         self._arm_records(False)
         if self.rotate_bytes is not None:
