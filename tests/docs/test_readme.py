@@ -116,19 +116,9 @@ def readme_run(tmp_path_factory: pytest.TempPathFactory, moto_server: str) -> It
 def shared_spark() -> Iterator[Any]:
     """The run's local Spark session (the one tests/spark_replay uses, if it started)."""
     pytest.importorskip("pyspark")
-    import warnings
+    from sparksession import shared_session
 
-    import spark_replay
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        session = spark_replay.local_session(
-            "persistlog-tests",
-            master="local[2]",
-            conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
+    yield shared_session()
 
 
 def test_the_readme_has_python_blocks() -> None:

@@ -19,6 +19,16 @@ def _leftovers(parent: Path) -> list[str]:
     return sorted(n for n in os.listdir(parent) if ".partial-" in n)
 
 
+def _log_and_earlier_output(tmp_path: Path, name: str) -> tuple[str, Path]:
+    """A small ResourceStore log, and an --out directory holding one file ``name``."""
+    url = str(tmp_path / "log")
+    write_store_history(url, rounds=1, keys=5)
+    out = tmp_path / "audit"
+    out.mkdir()
+    (out / name).write_text("earlier")
+    return url, out
+
+
 def test_a_corrupt_log_fails_in_one_line_and_leaves_no_output(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     write_store_history(url, rounds=2, keys=10)
@@ -44,25 +54,17 @@ def test_a_corrupt_log_fails_in_one_line_and_leaves_no_output(tmp_path: Path) ->
 
 
 def test_an_existing_out_is_refused_before_any_work(tmp_path: Path, capsys: Any) -> None:
-    url = str(tmp_path / "log")
-    write_store_history(url, rounds=1, keys=5)
-    out = tmp_path / "audit"
-    out.mkdir()
-    (out / "mine.txt").write_text("keep me")
+    url, out = _log_and_earlier_output(tmp_path, "mine.txt")
     # No Spark session at all: the refusal comes before one would be used.
     assert main([url, "--out", str(out)], spark=object()) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already exists: pass --overwrite" in err
-    assert (out / "mine.txt").read_text() == "keep me"
+    assert (out / "mine.txt").read_text() == "earlier"
     assert _leftovers(tmp_path) == []
 
 
 def test_overwrite_replaces_the_output_whole(spark: Any, tmp_path: Path) -> None:
-    url = str(tmp_path / "log")
-    write_store_history(url, rounds=1, keys=5)
-    out = tmp_path / "audit"
-    out.mkdir()
-    (out / "stale.txt").write_text("old run")
+    url, out = _log_and_earlier_output(tmp_path, "stale.txt")
     assert main([url, "--out", str(out), "--overwrite", "-q"], spark=spark, stdout=io.StringIO()) == 0
     assert sorted(os.listdir(out)) == ["events", "state"]
     assert ds.dataset(str(out / "state"), format="parquet").count_rows() > 0
@@ -70,13 +72,9 @@ def test_overwrite_replaces_the_output_whole(spark: Any, tmp_path: Path) -> None
 
 
 def test_a_failed_run_removes_its_partial_output(spark: Any, tmp_path: Path, capsys: Any) -> None:
-    url = str(tmp_path / "log")
-    write_store_history(url, rounds=1, keys=5)
+    url, out = _log_and_earlier_output(tmp_path, "previous.txt")
     first = segment_paths(url)[0]
     flip_byte(first, os.path.getsize(first) // 2)
-    out = tmp_path / "audit"
-    out.mkdir()
-    (out / "previous.txt").write_text("previous run")
     assert main([url, "--out", str(out), "--overwrite", "-q"], spark=spark, stdout=io.StringIO()) == 1
     assert "CorruptLogError" in capsys.readouterr().err
     # The earlier output is untouched and nothing half-written is left beside it.
