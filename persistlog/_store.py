@@ -8,6 +8,7 @@ Its records follow one documented convention, which the Spark replay understands
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
@@ -40,8 +41,9 @@ class ResourceStore(MutableMapping[Any, Any]):
         self.restored: RestoreResult | None = None
 
     @classmethod
-    def open(cls, url: str, **options: Any) -> ResourceStore:
-        """Restore the store from ``url`` and open its log for writing.
+    def open(cls, url: str | os.PathLike[str], **options: Any) -> ResourceStore:
+        """Restore the store from ``url`` (a string or an ``os.PathLike``) and open its log
+        for writing.
 
         ``options`` are those of :func:`persistlog.open` (``durability``, triggers,
         ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.

@@ -115,8 +115,10 @@ def test_every_url_argument_takes_an_os_pathlike(tmp_path: pathlib.Path, wrap: A
         assert result.found
     follower = persistlog.follow(wrap(str(primary)), lambda r: None)
     assert follower.poll() >= 2
-    with persistlog.ResourceStore.open(wrap(str(primary)), secondaries=[(wrap(str(second)), None)]) as again:
+    fourth = tmp_path / "f"
+    with persistlog.ResourceStore.open(wrap(str(primary)), secondaries=[(wrap(str(fourth)), None)]) as again:
         assert again.to_dict() == {"a": 1, "b": 2}
+    assert restore_state(str(fourth))[0] == {"a": 1, "b": 2}
 
 
 @pytest.mark.parametrize("bad", [b"/tmp/x", 42, None, ["/tmp/x"]])
