@@ -179,8 +179,10 @@ class Output:
         if os.path.lexists(path) and not overwrite:
             raise JobError(f"--out {out} already exists: pass --overwrite to replace it, or choose another --out")
         parent, name = os.path.split(os.path.abspath(path))
-        if not os.path.isdir(parent):
-            raise JobError(f"--out {out}: the directory {parent} does not exist")
+        try:
+            os.makedirs(parent, exist_ok=True)  # as Spark would have
+        except OSError as e:
+            raise JobError(f"--out {out}: cannot create {parent}: {e.strerror}") from None
         # Beside the output, so that the final rename stays on one file system.
         return cls(final, os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}"), overwrite)
 
