@@ -23,7 +23,7 @@ pytestmark = pytest.mark.spark
 
 def spark_state(spark: Any, url: str, **options: Any) -> dict[Any, Any]:
     df = spark_replay.read(spark, url, convention="resource", **options)
-    return {from_json(r["key"]): from_json(r["value"]) for r in spark_replay.state(df).collect()}
+    return {from_json(r["key_json"]): from_json(r["value"]) for r in spark_replay.state(df).collect()}
 
 
 def test_spark_reads_a_secondary_after_a_crash_as_restore_does(spark: Any, tmp_path: Path) -> None:
