@@ -18,6 +18,7 @@ from typing import Any
 import core
 import follower
 import s3
+import shapes
 from figures import Figure, info, save, table, vs_baseline
 from workload import Config, Scratch, scratch
 
@@ -32,6 +33,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    "shapes": shapes.BENCHMARKS,
 }
 
 
@@ -97,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="size of the log for the restore-memory figure (default 2, 0.25 with --quick)")
     parser.add_argument("--idle-seconds", type=float, default=None,
                         help="how long the idle S3 log is watched for LIST calls (default 60, 10 with --quick)")
+    parser.add_argument("--shapes", default=None, metavar="LIST",
+                        help=f"record shapes of the shapes group, comma-separated (default: {','.join(shapes.SHAPES)})")
+    parser.add_argument("--shape-records", type=int, default=None,
+                        help="records per shape (default 500000, 100000 with --quick)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="run bench/spark_bench.py if present (default: yes, except with --quick)")
     parser.add_argument("--moto-in-process", action="store_true",
@@ -120,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg.restore_gib = args.restore_gib
     if args.idle_seconds is not None:
         cfg.idle_seconds = args.idle_seconds
+    if args.shapes is not None:
+        unknown = sorted(set(args.shapes.split(",")) - set(shapes.SHAPES))
+        if unknown:
+            parser.error(f"unknown shape(s) {unknown}; known: {', '.join(shapes.SHAPES)}")
+        cfg.shapes = tuple(args.shapes.split(","))
+    if args.shape_records is not None:
+        cfg.shape_records = args.shape_records
     cfg.tmpdir = args.tmpdir
     cfg.moto_in_process = args.moto_in_process
     only = [o for entry in args.only for o in entry.split(",") if o]

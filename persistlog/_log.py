@@ -221,11 +221,22 @@ class Log(LogCore):
             + [r.stats() for r in list(self._replicas)],
         }
 
-    def close(self) -> None:
+    def close(self, rotate: bool = False) -> None:
         """Wait for a running enumeration, write what is pending, seal, release the lock.
 
         Calls from several threads return once the log is sealed; later calls do nothing.
+        With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
+        resource into a new log), so that the next restore reads one fresh snapshot and
+        none of the updates before it: a slower shutdown for a faster next start. If that
+        enumeration raises, the log is still closed (restore then reads the previous
+        complete log as usual) and :class:`EnumerateError` is raised after.
         """
+        if rotate and not self._close_done:
+            try:
+                self.rotate(wait=True)
+            except PersistLogError:
+                self.close()
+                raise
         with self._close_lock:
             if self._close_done:
                 return
