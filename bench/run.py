@@ -82,7 +82,7 @@ def selected(only: list[str], with_spark: bool) -> list[tuple[str, Benchmark]]:
     if spark is not None:
         everything.append(("spark.run", spark))
     if not only:
-        return [(name, b) for name, b in everything if with_spark or not name.startswith("spark.")]
+        return [(name, b) for name, b in everything if with_spark or "spark" not in name.split(".")]
     unknown = [o for o in only if not any(_matches(o, name) for name, _ in everything)]
     if unknown:
         known = sorted({name.split(".")[0] for name, _ in everything} | {name for name, _ in everything})

@@ -319,8 +319,37 @@ def restart_time(cfg: Config, s: Scratch) -> list[Figure]:
     ]
 
 
+# -- the Spark reader ----------------------------------------------------------------------
+
+#: Each shape's schema for Spark's JSON reader (explicit, so it reads the file once).
+JSON_SCHEMAS = {
+    "old": "op STRING, key BIGINT, value STRING",
+    "flat": "op STRING, k BIGINT, v STRING",
+    "nested": "op STRING, k BIGINT, v STRUCT<name: STRING, n: BIGINT>",
+    "wide": "op STRING, k BIGINT, name STRING, email STRING, age BIGINT, score DOUBLE, active BOOLEAN, "
+            "note STRING, tags ARRAY<STRING>, attrs STRUCT<plan: STRING, n: BIGINT>, ts BIGINT, ratio DOUBLE",
+}
+
+
+def spark_reader(cfg: Config, s: Scratch) -> list[Figure]:
+    """The persistlog data source against Spark's JSON reader on each shape's records."""
+    import spark_bench  # type: ignore[import-not-found,unused-ignore]
+
+    n = cfg.shape_records // 2
+    log.info("spark shapes: %d records each of %s", n, ", ".join(cfg.shapes))
+    result = spark_bench.run_shapes([(name, SHAPES[name].records(n), JSON_SCHEMAS[name]) for name in cfg.shapes])
+    figures = []
+    for name, r in result.items():
+        fig = vs_baseline(f"{name}: Spark reader (persistlog source)", ISSUE, r["persistlog_rows_per_s"],
+                          r["json_rows_per_s"], "Spark JSON reader", "rec/s", 1.0, r)
+        fig.spread = max(r["persistlog_spread"], r["json_spread"])
+        figures.append(fig)
+    return figures
+
+
 BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
     "shapes": shape_speed,
     "heap": live_heap,
     "restart": restart_time,
+    "spark": spark_reader,
 }

@@ -215,7 +215,8 @@ class _Columns:
             self._common(batch, lo, hi - lo, kind, None)
             return
         json = self.json
-        slices = batch.record_slices(json.loads)
+        # JsonRecords.loads refuses maps keyed by other than strings: its own decoding only.
+        slices = batch.record_slices(json.loads, plain=False)
         kinds = slices.kinds() if kind is None else None
         for first, records in slices:
             a, b = max(lo, first), min(hi, first + len(records))

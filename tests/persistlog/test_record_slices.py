@@ -10,6 +10,7 @@ import decimal
 import gc
 import io
 import os
+import struct
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -53,9 +54,10 @@ tagged_values = st.recursive(
 loads = persistlog.Codec().loads
 
 
-def encoded(records: list[Any]) -> tuple[bytes, list[int]]:
-    """The records as a CBOR sequence, and where each starts."""
-    items = [cbor2.dumps(r) for r in records]
+def encoded(records: list[Any], canonical: bool = False) -> tuple[bytes, list[int]]:
+    """The records as a CBOR sequence, and where each starts. Canonical CBOR writes each
+    float in the shortest of half, single and double precision that holds it."""
+    items = [cbor2.dumps(r, canonical=canonical) for r in records]
     starts, at = [], 0
     for item in items:
         starts.append(at)
@@ -119,6 +121,46 @@ def test_bounds_are_right_or_absent_on_any_records(records: list[Any], slice_byt
         indices, offsets = got
         assert offsets == [starts[i] for i in indices[:-1]] + [len(raw)]
         assert indices[-1] == len(records)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of exactly the same types, all the way down (1 == 1.0 == True is not
+    enough: a decoder must give the types cbor2 gives)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(ka, kb) and same(a[ka], b[kb]) for ka, kb in zip(a, b))
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b) or (a != a and b != b)
+    return bool(a == b)
+
+
+@given(st.lists(plain_values | tagged_values, max_size=25), st.integers(1, 300), st.booleans())
+def test_slices_built_in_c_are_the_values_cbor2_builds(records: list[Any], slice_bytes: int, canonical: bool) -> None:
+    raw, _ = encoded(records, canonical)
+    header = header_for(F.KIND_UPDATE, len(records), raw)
+    got, _bitmap, _n = sliced(header, raw, slice_bytes)
+    assert same(got, cbor2.loads(b"\x9f" + raw + b"\xff"))
+    # Shared strings are the same objects, and still the same values.
+    again, _bitmap, _n = sliced(header, raw, slice_bytes)
+    assert same(again, got)
+
+
+def test_half_and_single_floats_and_the_widest_integers() -> None:
+    raw = b"".join([b"\xf9\x3c\x00", b"\xf9\x7c\x00", b"\xf9\x00\x01", b"\xfa\x3f\xc0\x00\x00",
+                    b"\x3b" + b"\xff" * 8, b"\x1b" + b"\xff" * 8, b"\x3b\x7f" + b"\xff" * 7])
+    got = sliced(header_for(F.KIND_UPDATE, 7, raw), raw, 1)[0]
+    assert same(got, cbor2.loads(b"\x9f" + raw + b"\xff"))
+    assert got[:2] == [1.0, float("inf")] and got[4] == -(2**64) and got[6] == -(2**63)
+
+
+def test_shared_strings_are_shared_and_long_ones_are_not() -> None:
+    raw, _ = encoded([{"op": "put", "v": "x" * 40}, {"op": "put", "v": "x" * 40}])
+    a, b = sliced(header_for(F.KIND_UPDATE, 2, raw), raw, 1000)[0]
+    assert list(a)[0] is list(b)[0] and a["op"] is b["op"]
+    assert a["v"] == b["v"] and a["v"] is not b["v"]
 
 
 def test_tags_and_indefinite_lengths_are_left_to_cbor2() -> None:
