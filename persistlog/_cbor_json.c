@@ -830,7 +830,9 @@ done:
  * container as a map key, undefined) returns None: the caller decodes with cbor2.
  */
 
+#ifndef SHARED_TEXT_MAX
 #define SHARED_TEXT_MAX 24
+#endif
 #define SHARED_TEXT_SLOTS 512
 
 typedef struct {
