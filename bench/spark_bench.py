@@ -67,6 +67,17 @@ def _best(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t
 
 
+def _alternate(persistlog_read: Callable[[], None], json_read: Callable[[], None]) -> dict[str, list[float]]:
+    """Both readers warmed up once, then timed ``REPEATS`` times alternately."""
+    persistlog_read()
+    json_read()
+    times: dict[str, list[float]] = {"persistlog": [], "json": []}
+    for _ in range(REPEATS):
+        times["persistlog"].append(_best(persistlog_read))
+        times["json"].append(_best(json_read))
+    return times
+
+
 def run(n_records: int) -> dict[str, Any]:
     """Rows/s of both readers into a noop write, their ratio, and their bytes on disk."""
     import spark_replay
@@ -88,12 +99,7 @@ def run(n_records: int) -> dict[str, Any]:
             def json_read() -> None:
                 spark.read.schema(JSON_SCHEMA).json(json_path).write.format("noop").mode("overwrite").save()
 
-            persistlog_read()
-            json_read()
-            times: dict[str, list[float]] = {"persistlog": [], "json": []}
-            for _ in range(REPEATS):
-                times["persistlog"].append(_best(persistlog_read))
-                times["json"].append(_best(json_read))
+            times = _alternate(persistlog_read, json_read)
             count = spark.read.format("persistlog").load(log_url).count()
             assert count == n_records, (count, n_records)
         finally:
@@ -146,12 +152,7 @@ def run_shapes(shapes: list[tuple[str, list[dict[str, Any]], str]]) -> dict[str,
                 def json_read() -> None:
                     spark.read.schema(schema).json(json_path).write.format("noop").mode("overwrite").save()
 
-                persistlog_read()
-                json_read()
-                times: dict[str, list[float]] = {"persistlog": [], "json": []}
-                for _ in range(REPEATS):
-                    times["persistlog"].append(_best(persistlog_read))
-                    times["json"].append(_best(json_read))
+                times = _alternate(persistlog_read, json_read)
                 out[name] = {
                     "records": n,
                     "persistlog_rows_per_s": n / min(times["persistlog"]),
