@@ -460,7 +460,9 @@ def follow(
 
     ``replay_batch(records)`` gets lists of records in LSN order, as ``restore`` gives
     them (a stored batch as one list or several). If a replay raises, the next poll goes
-    on from the record it raised on.
+    on from the record it raised on. Catching up from the newest complete log (no
+    cursor) pauses the cyclic GC as :func:`persistlog.restore` does, unless the app
+    iterates the follower itself.
     Nothing runs until you call ``start()`` (or enter ``with``), ``poll()``, or iterate.
     If retention deleted what the cursor needs, or the cursor is ahead of the log,
     ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the
