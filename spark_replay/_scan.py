@@ -356,7 +356,8 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
             if batch.is_control:
                 continue
             try:
-                batch.records(_count_only)
+                for _first, _records in batch.record_slices(_count_only):
+                    pass
             except Damage as d:
                 rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
         for p in rng.problems:
