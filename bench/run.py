@@ -1,4 +1,4 @@
-"""persistlog's benchmark harness: ``make bench`` (full, < 10 min) or ``bench/run.py --quick``.
+"""persistlog's benchmark harness: ``make bench`` (full, ~30 min) or ``bench/run.py --quick``.
 
 Every figure is a ratio (or a limit) measured in this process, in this run, against its
 baseline, so that a slower or busier machine moves both sides alike. The table goes to
@@ -92,7 +92,7 @@ def selected(only: list[str], with_spark: bool) -> list[tuple[str, Benchmark]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads (< 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (~6 minutes)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this group or benchmark (repeatable, or comma-separated)")
     parser.add_argument("--restore-gib", type=float, default=None,
