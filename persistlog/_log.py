@@ -122,8 +122,10 @@ class Log(LogCore):
         """Attach a secondary destination and rotate so that it holds a complete log.
 
         Returns once that log is complete at the newcomer (``wait=True``). Every later
-        record goes to it too, through its own writer thread and bounded queue.
+        record goes to it too, through its own writer thread and bounded queue. Raises
+        ``RuntimeError`` if called from inside ``enumerate_all``.
         """
+        self._rotator.refuse_from_rotation_thread("add_destination()")
         self._check()
         if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
             raise ValueError(f"{url} is already a destination of this log")
@@ -162,8 +164,10 @@ class Log(LogCore):
         """Start a new log now; returns its seq once complete (``wait=True``).
 
         If ``enumerate_all`` raises, this raises :class:`EnumerateError` (the app's
-        exception is its cause) and the log keeps working in the incomplete log.
+        exception is its cause) and the log keeps working in the incomplete log. Called
+        from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for itself).
         """
+        self._rotator.refuse_from_rotation_thread("rotate()")
         self._check()
         fut = self._rotator.request(coalesce=False)
         if not wait:
@@ -225,7 +229,10 @@ class Log(LogCore):
         """Wait for a running enumeration, write what is pending, seal, release the lock.
 
         Calls from several threads return once the log is sealed; later calls do nothing.
+        Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
+        the enumeration it is part of).
         """
+        self._rotator.refuse_from_rotation_thread("close()")
         with self._close_lock:
             if self._close_done:
                 return

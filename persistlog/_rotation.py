@@ -110,6 +110,18 @@ class Rotator:
         if time.monotonic() - self._started_at >= self.rotate_interval:
             self.request()
 
+    def refuse_from_rotation_thread(self, call: str) -> None:
+        """Raise ``RuntimeError`` if called from inside ``enumerate_all`` (or ``on_error``).
+
+        ``call`` waits for the rotation that is running on this very thread: it would
+        wait forever.
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                f"{call} cannot be called from inside enumerate_all (the rotation thread): "
+                "it waits for the rotation that is running there"
+            )
+
     # -- the thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
