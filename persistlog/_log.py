@@ -15,9 +15,11 @@ from destinations import Destination, open_destination
 from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
-from ._errors import DestinationError, LogClosedError, PersistLogError
+from ._api import restore, restored_here
+from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError
 from ._reader import LogScanner, list_logs, read_pointer
 from ._replicas import Replica
+from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Rotator
 from ._writer import LogCore, _Settings
 
@@ -84,6 +86,8 @@ class Log(LogCore):
         self._close_lock = threading.Lock()
         self._close_done = False
         self._lease_ttl = LEASE_TTL
+        #: What ``open(..., replay=...)`` restored before opening (None without ``replay``).
+        self.restored: RestoreResult | None = None
 
     # -- public API ---------------------------------------------------------------------
 
@@ -343,14 +347,25 @@ def open(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     flush_interval: float | None = None,
     lease_ttl: float = LEASE_TTL,
+    replay: Callable[[Any], Any] | None = None,
+    replay_batch: Callable[[list[Any]], Any] | None = None,
+    recovery: str = "strict",
+    discard_existing: bool = False,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
-    Restore first (:func:`persistlog.restore`), then open: opening calls
-    ``enumerate_all(emit)``, which must call ``emit(record)`` once per live resource, and
-    returns once that first log is complete (if it raises, the log is closed and
-    :class:`EnumerateError` is raised). A second writer on the same destination gets
+    Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
+    resource, and returns once that first log is complete (if it raises, the log is closed
+    and :class:`EnumerateError` is raised). A second writer on the same destination gets
     :class:`WriterConflict`.
+
+    The new log replaces what the destination holds, so the app must have replayed it:
+    with ``replay=`` (or ``replay_batch=``) open restores first, holding the writer lock,
+    with :func:`persistlog.restore`'s meaning and options (``recovery``, ``codec``,
+    ``storage_options``) and keeps the :class:`RestoreResult` in ``log.restored``; or call
+    ``restore(url, ...)`` first in the same process, with nothing written in between.
+    Otherwise a destination holding records raises :class:`ExistingLogError`, unless
+    ``discard_existing=True`` (start over; the old logs go by retention).
 
     Triggers (``None`` turns one off): ``rotate_bytes`` (default 64 MiB of log),
     ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
@@ -373,6 +388,12 @@ def open(
         raise ValueError(f"rotate_interval must be a positive number of seconds or None, not {rotate_interval!r}")
     if codec is not None and not isinstance(codec, Codec):
         raise TypeError(f"codec must be a persistlog.Codec, not {type(codec).__name__}")
+    if replay is not None and replay_batch is not None:
+        raise TypeError("open() takes replay= or replay_batch=, not both")
+    if recovery not in ("strict", "skip"):
+        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
+    if not isinstance(discard_existing, bool):
+        raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
     settings = _Settings(
         durability=durability,
         batch_bytes=batch_bytes,
@@ -392,12 +413,29 @@ def open(
     lg._acquire(lease_ttl)
     lg._lease_ttl = float(lease_ttl)
     try:
+        if replay is not None or replay_batch is not None:
+            # Under the writer lock: nothing can be written between the replay and the
+            # new log that takes its place.
+            lg.restored = restore(
+                url, replay, replay_batch=replay_batch, recovery=recovery, codec=codec,
+                storage_options=storage_options,
+            )
         try:
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             last_seq, next_lsn = _end_of_logs(dest, logs)
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
+        holds_records = next_lsn > F.FIRST_LSN
+        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
+            raise ExistingLogError(
+                f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
+                "process did not restore; opening would start a new log without them and "
+                "retention would delete them. Restore first: persistlog.open(url, "
+                "enumerate_all, replay=apply) (or replay_batch=), or persistlog.restore(url, "
+                "apply) then persistlog.open(url, ...) with nothing written in between; "
+                "pass discard_existing=True to start over on purpose"
+            )
         lg._set_position(next_lsn, last_seq)
         known = [pointer] if pointer is not None and pointer in logs else []
         lg._rotator = Rotator(

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator, MutableMapping
 from types import TracebackType
 from typing import Any
 
-from ._api import restore
 from ._log import Log, open
 from ._restore import RestoreResult
 
@@ -75,15 +74,8 @@ class ResourceStore(MutableMapping[Any, Any]):
         ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
         """
         store = cls()
-        recovery = options.pop("recovery", "strict")
-        store.restored = restore(
-            url,
-            replay_batch=store._apply_batch,
-            recovery=recovery,
-            codec=options.get("codec"),
-            storage_options=options.get("storage_options"),
-        )
-        store._log = open(url, store._enumerate, **options)
+        store._log = open(url, store._enumerate, replay_batch=store._apply_batch, **options)
+        store.restored = store._log.restored
         return store
 
     # -- replay and enumeration ---------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -50,3 +51,106 @@ def test_waiting_calls_from_inside_enumerate_all_raise_at_once(log_dir: str, tmp
     records: list[Any] = []
     persistlog.restore(log_dir, records.append)
     assert records == [{"op": "put", "key": "a", "value": 1}, {"op": "put", "key": "b", "value": 2}]
+
+
+# -- opening over records nobody restored ---------------------------------------------------
+
+
+def _put(i: int) -> dict[str, Any]:
+    return {"op": "put", "key": f"k{i}", "value": i}
+
+
+def _state_of(records: list[Any]) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for r in records:
+        if r["op"] == "put":
+            state[r["key"]] = r["value"]
+        else:
+            state.pop(r["key"], None)
+    return state
+
+
+def _write(url: str, n: int, **options: Any) -> None:
+    lg = persistlog.open(url, lambda emit: None, **options)
+    for i in range(n):
+        lg.update(_put(i))
+    lg.close()
+
+
+def test_open_over_records_nobody_restored_is_refused(log_dir: str) -> None:
+    _write(log_dir, 5)
+    for _ in range(3):  # refusing writes nothing: the real state is never retained away
+        with pytest.raises(persistlog.ExistingLogError, match="replay=") as info:
+            persistlog.open(log_dir, lambda emit: None, retain=1)
+        assert isinstance(info.value, persistlog.PersistLogError)
+        assert "restore" in str(info.value) and "discard_existing=True" in str(info.value)
+    records: list[Any] = []
+    persistlog.restore(log_dir, records.append)
+    assert _state_of(records) == {f"k{i}": i for i in range(5)}
+    # The lock was let go each time: another writer may open.
+    persistlog.open(log_dir, lambda emit: None, discard_existing=True).close()
+
+
+def test_open_with_replay_restores_first(log_dir: str) -> None:
+    _write(log_dir, 5)
+    state: dict[str, Any] = {}
+
+    def enumerate_all(emit: Callable[[Any], None]) -> None:
+        for k, v in list(state.items()):
+            emit({"op": "put", "key": k, "value": v})
+
+    lg = persistlog.open(log_dir, enumerate_all, replay=lambda r: state.update(_state_of([r])))
+    assert state == {f"k{i}": i for i in range(5)}
+    assert isinstance(lg.restored, persistlog.RestoreResult)
+    assert lg.restored.found and lg.restored.records == 5
+    lg.update(_put(9))
+    state["k9"] = 9
+    lg.close()
+    batches: list[list[Any]] = []
+    lg = persistlog.open(log_dir, enumerate_all, replay_batch=batches.append, retain=1)
+    assert _state_of([r for b in batches for r in b]) == state
+    lg.close()
+    with pytest.raises(TypeError, match="not both"):
+        persistlog.open(log_dir, enumerate_all, replay=print, replay_batch=print)
+    # Without replay= there is nothing restored to report.
+    lg = persistlog.open(str(Path(log_dir) / "fresh"), enumerate_all)
+    assert lg.restored is None
+    lg.close()
+
+
+def test_restore_then_open_in_the_same_process_stays_valid(log_dir: str) -> None:
+    _write(log_dir, 5)
+    records: list[Any] = []
+    persistlog.restore(log_dir + "/", records.append)  # the same directory, spelled otherwise
+    lg = persistlog.open(log_dir, lambda emit: [emit(r) for r in records])
+    lg.update(_put(7))
+    lg.close()
+    # Written since the restore: that restore no longer covers what is there.
+    with pytest.raises(persistlog.ExistingLogError):
+        persistlog.open(log_dir, lambda emit: None)
+    records = []
+    persistlog.restore(log_dir, records.append)
+    persistlog.open(log_dir, lambda emit: [emit(r) for r in records]).close()
+    # Another writer writing between the restore and the open is caught too.
+    persistlog.restore(log_dir, lambda r: None)
+    _write(log_dir, 1, discard_existing=True)
+    with pytest.raises(persistlog.ExistingLogError):
+        persistlog.open(log_dir, lambda emit: None)
+
+
+def test_discard_existing_starts_over_on_purpose(log_dir: str) -> None:
+    _write(log_dir, 5)
+    lg = persistlog.open(log_dir, lambda emit: emit(_put(100)), discard_existing=True, retain=1)
+    lg.close()
+    records: list[Any] = []
+    persistlog.restore(log_dir, records.append)
+    assert records == [_put(100)]
+
+
+def test_resource_store_open_restores_first(log_dir: str) -> None:
+    s = persistlog.ResourceStore.open(log_dir)
+    s["a"] = 1
+    s.close()
+    s = persistlog.ResourceStore.open(log_dir)
+    assert s.to_dict() == {"a": 1} and s.restored is not None and s.restored.records == 1
+    s.close()
