@@ -6,16 +6,19 @@ import logging
 import signal
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
 from destinations import Destination, open_destination
 
+from . import _exit
 from . import _format as F
+from ._api import restore, restored_here
 from ._codec import Codec
 from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
-from ._api import restore, restored_here
 from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError
 from ._reader import LogScanner, list_logs, read_pointer
 from ._replicas import Replica
@@ -86,6 +89,7 @@ class Log(LogCore):
         self._close_lock = threading.Lock()
         self._close_done = False
         self._lease_ttl = LEASE_TTL
+        self._registered = False  # sealed at exit / when collected (open() succeeded)
         #: What ``open(..., replay=...)`` restored before opening (None without ``replay``).
         self.restored: RestoreResult | None = None
 
@@ -234,22 +238,51 @@ class Log(LogCore):
 
         Calls from several threads return once the log is sealed; later calls do nothing.
         Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
-        the enumeration it is part of).
+        the enumeration it is part of). A Log still open when the interpreter exits is
+        closed then; one collected unclosed warns (``ResourceWarning``) and is closed.
         """
         self._rotator.refuse_from_rotation_thread("close()")
+        self._close(None)
+
+    def _close(self, rotation_wait: float | None) -> None:
         with self._close_lock:
             if self._close_done:
                 return
             self._stop.set()
-            self._rotator.close()
+            self._rotator.close(rotation_wait)
             if self._ticker is not None and self._ticker is not threading.current_thread():
                 self._ticker.join()
             self._restore_signal()
             try:
                 super().close()
-            finally:
-                self._close_done = True
-                self.dest.close()
+            except Exception:
+                self._closed_for_good()
+                raise
+            # Anything else (a KeyboardInterrupt) left the close unfinished: calling close()
+            # again, or the interpreter's exit, finishes it.
+            self._closed_for_good()
+
+    def _closed_for_good(self) -> None:
+        self._close_done = True
+        self.dest.close()
+        _exit.forget(self)
+
+    def _close_left_open(self, rotation_wait: float | None) -> None:
+        """Close on behalf of an app that did not (at exit, or once collected)."""
+        if self._close_done:
+            return
+        log.info("closing the log at %s, which was left open", self.dest.url)
+        self._close(rotation_wait)
+
+    def __del__(self) -> None:
+        if self.__dict__.get("_close_done", True) or not self.__dict__.get("_registered", False):
+            return  # closed, or never opened (open() closes what it fails to open)
+        warnings.warn(
+            f"{self!r} was never closed; closing it now (call close(), or use 'with')",
+            ResourceWarning,
+            source=self,
+        )
+        _exit.close_collected(self)
 
     def __enter__(self) -> Log:
         return self
@@ -269,38 +302,10 @@ class Log(LogCore):
         # The lease must be renewed on time whatever the flush interval: a lapsed lease
         # lets a second writer in while this one still writes.
         period = flush_interval if lease_renew is None else min(flush_interval, lease_renew / 2)
-
-        def tick() -> None:
-            last_renew = time.monotonic()
-            last_flush = time.monotonic()
-            while not self._stop.wait(period):
-                try:
-                    if self._failed is not None:
-                        return
-                    due = time.monotonic() - last_flush >= flush_interval - 1e-3
-                    if due:
-                        last_flush = time.monotonic()
-                    if due and (self._has_pending() or self._sw_pending()):
-                        with self._io_lock:
-                            if self._failed is None and not self._closed:
-                                # Pending records and an object store's pending segment
-                                # both go out on every tick, however busy the log is.
-                                self._write_pending(flush=False)
-                                self._flush_writer()
-                    if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
-                        self._renew_lock()
-                        last_renew = time.monotonic()
-                    if self._signalled:
-                        self._signalled = False
-                        self._rotator.request()
-                    self._rotator.check_interval()
-                except PersistLogError as e:
-                    log.debug("background flush stopped: %s", e)
-                    return
-                except Exception:
-                    log.exception("background flush failed")
-
-        self._ticker = threading.Thread(target=tick, name="persistlog-flush", daemon=True)
+        self._ticker = threading.Thread(
+            target=_tick, args=(weakref.ref(self), self._stop, period, flush_interval, lease_renew),
+            name="persistlog-flush", daemon=True,
+        )
         self._ticker.start()
 
     def _on_complete(self, seq: int) -> None:
@@ -312,8 +317,12 @@ class Log(LogCore):
         return bool(sw is not None and getattr(sw, "_pending", None))
 
     def _install_signal(self, signum: int) -> None:
+        ref = weakref.ref(self)
+
         def handler(num: int, frame: FrameType | None) -> None:
-            self._signalled = True  # the flush thread starts the rotation; no I/O here
+            lg = ref()
+            if lg is not None:
+                lg._signalled = True  # the flush thread starts the rotation; no I/O here
 
         self._old_handler = signal.signal(signum, handler)
         self._signal = signum
@@ -466,8 +475,56 @@ def open(
     except BaseException:
         _close_quietly(lg)
         raise
+    lg._registered = True
+    _exit.register(lg)
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+def _tick(
+    ref: weakref.ReferenceType[Log],
+    stop: threading.Event,
+    period: float,
+    flush_interval: float,
+    lease_renew: float | None,
+) -> None:
+    """The flush thread: flushes, renews the lease, fires the time and signal triggers.
+
+    It holds the Log only during a tick, so that a Log the app dropped can be collected.
+    """
+    last_renew = time.monotonic()
+    last_flush = time.monotonic()
+    while not stop.wait(period):
+        lg = ref()
+        if lg is None:
+            return
+        try:
+            if lg._failed is not None:
+                return
+            due = time.monotonic() - last_flush >= flush_interval - 1e-3
+            if due:
+                last_flush = time.monotonic()
+            if due and (lg._has_pending() or lg._sw_pending()):
+                with lg._io_lock:
+                    if lg._failed is None and not lg._closed:
+                        # Pending records and an object store's pending segment both go
+                        # out on every tick, however busy the log is.
+                        lg._write_pending(flush=False)
+                        lg._flush_writer()
+            if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
+                lg._renew_lock()
+                last_renew = time.monotonic()
+            if lg._signalled:
+                lg._signalled = False
+                lg._rotator.request()
+            lg._rotator.check_interval()
+        except PersistLogError as e:
+            log.debug("background flush stopped: %s", e)
+            return
+        except Exception:
+            log.exception("background flush failed")
+        finally:
+            del lg
 
 
 def _close_quietly(lg: Log) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -70,7 +71,14 @@ class Rotator:
         self._cv = threading.Condition()
         self._queue: list[Future[int]] = []
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="persistlog-rotation", daemon=True)
+        # The thread holds the Rotator (and so the Log) only while a rotation runs: between
+        # rotations an unreferenced Log can be collected, and its finalizer wakes the thread
+        # to end it.
+        self._thread = threading.Thread(
+            target=_serve, args=(weakref.ref(self), self._cv), name="persistlog-rotation", daemon=True
+        )
+        wake = weakref.finalize(self, _wake, self._cv)
+        wake.atexit = False
         self._thread.start()
 
     # -- requests -----------------------------------------------------------------------
@@ -124,39 +132,38 @@ class Rotator:
 
     # -- the thread ---------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._stop:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                fut = self._queue[0]
-                self.rotating = True
-            done = False
-            try:
-                if fut.set_running_or_notify_cancel():
+    def _serve_head(self) -> bool:
+        """Run the rotation at the head of the queue; False once closed and drained."""
+        with self._cv:
+            if not self._queue:
+                return False
+            fut = self._queue[0]
+            self.rotating = True
+        done = False
+        try:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    seq = self._rotate()
+                except BaseException as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(seq)
+                    self.retaining = True
                     try:
-                        seq = self._rotate()
-                    except BaseException as e:
-                        fut.set_exception(e)
-                    else:
-                        fut.set_result(seq)
-                        self.retaining = True
-                        try:
-                            self._retain()
-                        finally:
-                            self.retaining = False
-                        done = True
-            finally:
-                with self._cv:
-                    self._queue.pop(0)
-                    self.rotating = False
-                    self._cv.notify_all()
-            if done:
-                # Batches written while this rotation ran skipped the size and count checks;
-                # check once now, or a trigger crossed meanwhile waits for the next batch.
-                self.check_triggers()
+                        self._retain()
+                    finally:
+                        self.retaining = False
+                    done = True
+        finally:
+            with self._cv:
+                self._queue.pop(0)
+                self.rotating = False
+                self._cv.notify_all()
+        if done:
+            # Batches written while this rotation ran skipped the size and count checks;
+            # check once now, or a trigger crossed meanwhile waits for the next batch.
+            self.check_triggers()
+        return True
 
     def _rotate(self) -> int:
         core = self.core
@@ -228,8 +235,9 @@ class Rotator:
         except BaseException as e:  # the rotation thread must outlive anything retention meets
             log.warning("retention at %s failed (will retry after the next rotation): %s", self.core.dest.url, e)
 
-    def close(self) -> None:
-        """Wait for a running rotation, drop queued ones, stop the thread."""
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
+        stop the thread."""
         with self._cv:
             self._stop = True
             # The rotation thread owns the head of the queue while `rotating` (it is waited
@@ -241,4 +249,29 @@ class Rotator:
             del self._queue[start:]
             self._cv.notify_all()
         if threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("closing %s without waiting any longer for the rotation in progress",
+                            self.core.dest.url)
+
+
+def _serve(ref: weakref.ReferenceType[Rotator], cv: threading.Condition) -> None:
+    """The rotation thread: serves requests for as long as the Rotator lives."""
+    while True:
+        with cv:
+            while True:
+                rotator = ref()
+                if rotator is None:
+                    return
+                if rotator._queue or rotator._stop:
+                    break
+                del rotator  # not held while idle
+                cv.wait()
+        if not rotator._serve_head():
+            return
+        del rotator
+
+
+def _wake(cv: threading.Condition) -> None:
+    with cv:
+        cv.notify_all()

@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -111,9 +112,25 @@ class LogCore:
         self._encode = codec.encode
         self._lock = threading.Lock()
         self._io_lock = threading.RLock()
-        self._group = GroupCommit(
-            self._sync_through, lambda: self._durable_lsn, self._check, f"persistlog-sync {dest.url}"
-        )
+        # The group commit's thread must not keep the Log alive: it reaches it weakly.
+        ref = weakref.ref(self)
+
+        def sync_through(lsn: int) -> None:
+            core = ref()
+            if core is None:
+                raise LogClosedError("the log was closed")
+            core._sync_through(lsn)
+
+        def durable() -> int:
+            core = ref()
+            return core._durable_lsn if core is not None else 1 << 63
+
+        def check() -> None:
+            core = ref()
+            if core is not None:
+                core._check()
+
+        self._group = GroupCommit(sync_through, durable, check, f"persistlog-sync {dest.url}")
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
