@@ -1,8 +1,14 @@
-"""The Log's lifecycle on ordinary paths: calls that would wait for themselves."""
+"""The Log's lifecycle on ordinary paths: opening over records, calls that would wait for
+themselves, logs left open at exit or dropped unclosed."""
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
 import threading
+import warnings
+import weakref
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +16,7 @@ from typing import Any
 import pytest
 
 import persistlog
+from plhelpers import is_sealed_log, wait_until
 
 
 # -- calls from inside enumerate_all --------------------------------------------------------
@@ -153,4 +160,82 @@ def test_resource_store_open_restores_first(log_dir: str) -> None:
     s.close()
     s = persistlog.ResourceStore.open(log_dir)
     assert s.to_dict() == {"a": 1} and s.restored is not None and s.restored.records == 1
+    s.close()
+
+
+# -- logs left open -------------------------------------------------------------------------
+
+_LEFT_OPEN = """
+import sys, persistlog
+url, kind, ending = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "store":
+    s = persistlog.ResourceStore.open(url)
+    for i in range(10):
+        s[f"user:{i}"] = {"n": i}
+else:
+    lg = persistlog.open(url, lambda emit: None)   # buffered, the default
+    for i in range(10):
+        lg.update({"op": "put", "key": f"user:{i}", "value": {"n": i}})
+if ending == "exit3":
+    raise SystemExit(3)
+"""
+
+
+def _persistlog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("persistlog-")]
+
+
+@pytest.mark.parametrize("ending", ["end", "exit3"])
+@pytest.mark.parametrize("kind", ["log", "store"])
+def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str, ending: str) -> None:
+    """A script ending (or raising SystemExit) without close(): the interpreter's exit
+    writes the buffered records and seals the log."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, log_dir, kind, ending], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == (3 if ending == "exit3" else 0), proc.stderr
+    records: list[Any] = []
+    result = persistlog.restore(log_dir, records.append)
+    assert _state_of(records) == {f"user:{i}": {"n": i} for i in range(10)}
+    assert result.torn_tail is None and is_sealed_log(log_dir, result.logs[-1])
+    if kind == "store":
+        s = persistlog.ResourceStore.open(log_dir)
+        assert len(s) == 10
+        s.close()
+
+
+def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str) -> None:
+    lg = persistlog.open(log_dir, lambda emit: None, flush_interval=3600)
+    for i in range(10):
+        lg.update(_put(i))  # buffered: only in the Log's memory
+    ref = weakref.ref(lg)
+    with pytest.warns(ResourceWarning, match="never closed"):
+        del lg
+        # The rotation thread may still hold it for a moment after open() returned.
+        wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
+    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    records: list[Any] = []
+    result = persistlog.restore(log_dir, records.append)
+    assert records == [_put(i) for i in range(10)]
+    assert is_sealed_log(log_dir, result.logs[-1])
+    persistlog.open(log_dir, lambda emit: None, replay=lambda r: None).close()  # the lock is free
+
+
+def test_nothing_keeps_an_unreferenced_log_alive(log_dir: str) -> None:
+    """Neither the exit registry nor the Log's own threads (flush, rotation, group commit)
+    hold it: a dropped Log is collected, and its threads end."""
+    store = persistlog.ResourceStore.open(log_dir, durability="fsync", rotate_interval=3600)
+    workers = [threading.Thread(target=lambda i=i: store.__setitem__(f"k{i}", i)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ref = weakref.ref(store.log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del store, workers
+        wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
+    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    s = persistlog.ResourceStore.open(log_dir)
+    assert s.to_dict() == {f"k{i}": i for i in range(8)}
     s.close()
