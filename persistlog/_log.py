@@ -180,7 +180,7 @@ class Log(LogCore):
         fut = self._rotator.request(coalesce=False)
         if not wait:
             return None
-        return fut.result(timeout)
+        return self._rotator.wait(fut, timeout)
 
     @property
     def seq(self) -> int:
@@ -471,7 +471,7 @@ def open(
         lg._start_background(interval, renew)
         if rotate_on_signal is not None:
             lg._install_signal(rotate_on_signal)
-        lg._rotator.request(coalesce=False).result()
+        lg._rotator.wait(lg._rotator.request(coalesce=False))
     except BaseException:
         _close_quietly(lg)
         raise

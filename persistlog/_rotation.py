@@ -68,8 +68,14 @@ class Rotator:
         self._snapshot_bytes = 0
         self._pointer_moved = True  # whether the last rotation's CURRENT move succeeded
         self._started_at = time.monotonic()
-        self._cv = threading.Condition()
+        # App threads take the plain lock: Condition's own __enter__ is Python code, and a
+        # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
+        self._mutex = threading.RLock()
+        self._cv = threading.Condition(self._mutex)
         self._queue: list[Future[int]] = []
+        # Per request, a lock released once it is done: rotate() waits on that, not on
+        # the Future (whose methods take a Condition).
+        self._done: dict[Future[int], threading.Lock] = {}
         self._stop = False
         # The thread holds the Rotator (and so the Log) only while a rotation runs: between
         # rotations an unreferenced Log can be collected, and its finalizer wakes the thread
@@ -85,7 +91,7 @@ class Rotator:
 
     def request(self, coalesce: bool = True) -> Future[int]:
         """Ask for a rotation; a trigger joins a request not yet started."""
-        with self._cv:
+        with self._mutex:
             if self._stop:
                 fut: Future[int] = Future()
                 fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
@@ -95,9 +101,27 @@ class Rotator:
             if coalesce and self._queue and not (self._queue[-1].running() or self._queue[-1].done()):
                 return self._queue[-1]
             fut = Future()
+            done = threading.Lock()
+            done.acquire()
+            self._done[fut] = done
             self._queue.append(fut)
             self._cv.notify()
             return fut
+
+    def wait(self, fut: Future[int], timeout: float | None = None) -> int:
+        """``fut.result(timeout)``, waiting on a plain lock: an interruption there leaves
+        nothing held."""
+        done = self._done.get(fut)
+        if done is not None:
+            if not done.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"the rotation did not finish within {timeout}s")
+            done.release()
+        return fut.result(0)
+
+    def _finished(self, fut: Future[int]) -> None:
+        done = self._done.pop(fut, None)
+        if done is not None:
+            done.release()
 
     def check_triggers(self) -> None:
         """Called after each batch: cheap checks of the size and count triggers."""
@@ -159,6 +183,7 @@ class Rotator:
                 self._queue.pop(0)
                 self.rotating = False
                 self._cv.notify_all()
+            self._finished(fut)
         if done:
             # Batches written while this rotation ran skipped the size and count checks;
             # check once now, or a trigger crossed meanwhile waits for the next batch.
@@ -238,14 +263,16 @@ class Rotator:
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
         stop the thread."""
-        with self._cv:
+        with self._mutex:
             self._stop = True
             # The rotation thread owns the head of the queue while `rotating` (it is waited
             # for); the ones never started fail as the Log does from now on, not with a bare
             # CancelledError in a rotate(wait=True) caller.
             start = 1 if self.rotating else 0
             for fut in self._queue[start:]:
-                fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+                if not fut.done():
+                    fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+                self._finished(fut)
             del self._queue[start:]
             self._cv.notify_all()
         if threading.current_thread() is not self._thread:
@@ -266,7 +293,7 @@ def _serve(ref: weakref.ReferenceType[Rotator], cv: threading.Condition) -> None
                 if rotator._queue or rotator._stop:
                     break
                 del rotator  # not held while idle
-                cv.wait()
+                cv.wait(0.5)  # a notify an interruption cut short costs this much at most
         if not rotator._serve_head():
             return
         del rotator

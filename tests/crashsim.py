@@ -619,6 +619,14 @@ class _SimAppendFile(AppendFile):
             m.synced_len = max(m.synced_len, size)
         self.dest._point("after", "append.sync", self.name)
 
+    def truncate(self, size: int) -> None:
+        self.sim.check_alive()
+        self.inner.truncate(size)
+        with self.sim._mutex:
+            m = self.sim._files.get(self.path)
+            if m is not None:
+                m.synced_len = min(m.synced_len, size)
+
     @property
     def size(self) -> int:
         self.sim.check_alive()
