@@ -74,6 +74,8 @@ class Log(LogCore):
     ``update()`` appends one record, ``update_many()`` several at once; ``sync()`` makes all
     of them durable; ``rotate()`` starts a fresh log with a new enumeration; ``close()``
     writes what is pending and seals the log. A Log is safe to use from many threads.
+    One left open is closed at the interpreter's exit (or, with a ``ResourceWarning``,
+    once it is collected); ``restored`` is what ``open(..., replay=...)`` restored.
     """
 
     _rotator: Rotator
@@ -100,9 +102,11 @@ class Log(LogCore):
     update.__doc__ = """Append ``record``; returns its LSN.
 
     Raises ``TypeError`` before anything is written if the record cannot be encoded.
-    In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
-    mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
-    before this returns, sharing one fsync with concurrent callers.
+    In ``buffered`` mode (the default) the record reaches the OS within the flush interval
+    (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this returns;
+    in ``fsync`` mode (or with ``sync=True``) it is durable before this returns, sharing
+    one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile propagates
+    as itself: the record may or may not be logged, the Log stays usable.
     """
     update_many = LogCore.update_many
     update_many.__doc__ = """Append several records as one unit; returns the LSN of the last.
@@ -113,7 +117,11 @@ class Log(LogCore):
     """
 
     def sync(self) -> None:
-        """Make every record appended so far durable (fsync locally, PUT remotely)."""
+        """Make every record appended so far durable (fsync locally, PUT remotely).
+
+        An ``OSError`` from storage fails the Log (:class:`LogFailedError`); an
+        interruption (``KeyboardInterrupt``) propagates as itself and leaves it usable.
+        """
         with self._io_lock:
             self._check()
             self._write_pending()

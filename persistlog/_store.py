@@ -115,18 +115,31 @@ class ResourceStore(MutableMapping[Any, Any]):
     def __getitem__(self, key: Any) -> Any:
         return self._data[key]
 
+    # A change is applied once its record is appended, even if update() was interrupted
+    # after that (KeyboardInterrupt): the log would replay it, so memory must hold it too.
+
     def __setitem__(self, key: Any, value: Any) -> None:
         _check_key(key)
         with self._lock:
-            self.log.update({"op": "put", "key": key, "value": value})
-            self._data[key] = value
+            lg = self.log
+            before = lg.next_lsn
+            try:
+                lg.update({"op": "put", "key": key, "value": value})
+            finally:
+                if lg.next_lsn > before:
+                    self._data[key] = value
 
     def __delitem__(self, key: Any) -> None:
         with self._lock:
             if key not in self._data:
                 raise KeyError(key)
-            self.log.update({"op": "del", "key": key})
-            del self._data[key]
+            lg = self.log
+            before = lg.next_lsn
+            try:
+                lg.update({"op": "del", "key": key})
+            finally:
+                if lg.next_lsn > before:
+                    self._data.pop(key, None)
 
     def __iter__(self) -> Iterator[Any]:
         with self._lock:

@@ -75,6 +75,7 @@ from typing import Any
 
 import destinations
 from destinations import AppendFile, Destination, WriterLock, open_destination
+from persistlog import _exit as persistlog_exit
 
 PROTOCOL = "crashsim"
 
@@ -275,6 +276,9 @@ class CrashSim:
                 lg.close()
             except BaseException:  # noqa: BLE001 - the dead process raises whatever it raises
                 pass
+        # A dead process seals nothing at its exit: the close above was its last act.
+        lg._close_done = True
+        persistlog_exit.forget(lg)
 
     # -- the durability model -------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import persistlog
 from batches import batch_offsets
 from threads import wait_until  # noqa: F401 - the tests import it from here
 from persistlog import _decoder
+from persistlog import _exit as persistlog_exit
 from persistlog import _format as F
 
 # -- hypothesis profiles ------------------------------------------------------------------
@@ -209,6 +210,9 @@ def crash(lg: persistlog.Log) -> None:
             lg._blocked = True
     lg._release()
     lg.dest.close()
+    # A killed process seals nothing at its exit.
+    lg._close_done = True
+    persistlog_exit.forget(lg)
 
 
 # -- files --------------------------------------------------------------------------------
