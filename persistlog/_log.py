@@ -261,13 +261,13 @@ class Log(LogCore):
             if self._ticker is not None and self._ticker is not threading.current_thread():
                 self._ticker.join()
             self._restore_signal()
+            # An interruption (a KeyboardInterrupt, not an Exception) leaves the close
+            # unfinished: calling close() again, or the interpreter's exit, finishes it.
             try:
                 super().close()
             except Exception:
                 self._closed_for_good()
                 raise
-            # Anything else (a KeyboardInterrupt) left the close unfinished: calling close()
-            # again, or the interpreter's exit, finishes it.
             self._closed_for_good()
 
     def _closed_for_good(self) -> None:
