@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,7 @@ def restored_here(dest: Destination, position: tuple[int, int]) -> bool:
 
 
 def restore(
-    url: str,
+    url: str | os.PathLike[str],
     replay: Callable[[Any], Any] | None = None,
     *,
     replay_batch: Callable[[list[Any]], Any] | None = None,

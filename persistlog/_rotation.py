@@ -27,7 +27,7 @@ from . import _format as F
 from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._segment_writer import move_pointer
-from ._writer import LogCore
+from ._writer import NEVER, LogCore
 
 log = logging.getLogger("persistlog")
 
@@ -98,7 +98,8 @@ class Rotator:
                 return fut
             # Join a request not yet started; never one already running (its enumeration
             # may have passed the change that fired this trigger) or finished.
-            if coalesce and self._queue and not (self._queue[-1].running() or self._queue[-1].done()):
+            # (Only the head can be running or done: it is while `rotating`.)
+            if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
                 return self._queue[-1]
             fut = Future()
             done = threading.Lock()
@@ -124,17 +125,61 @@ class Rotator:
             done.release()
 
     def check_triggers(self) -> None:
-        """Called after each batch: cheap checks of the size and count triggers."""
-        if self.rotating or self._queue:
-            return
+        """Called after each batch: cheap checks of the size and count triggers.
+
+        Between checks the writer cuts its batches where a trigger would fire (the
+        record-count trigger's LSN, the bytes left before the size trigger), and a fired
+        trigger holds the writers that hand batches over until the new log is started: a
+        log overshoots a trigger by at most about one batch (``batch_bytes``). A trigger
+        crossed while the log's own enumeration still runs fires when it ends.
+        """
         core = self.core
         sw = core._current_writer
         if sw is None:
             return
-        if self.rotate_bytes is not None and sw.bytes_written - self._snapshot_bytes >= self.rotate_bytes:
+        records_due = self.rotate_records is not None and core._log_update_records >= self.rotate_records
+        # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
+        # head of the queue is done once it is retaining; the others have not started.
+        if len(self._queue) > 1 or (self._queue and not self.retaining):
+            # Whole batches while a rotation is due or enumerating; this runs again after
+            # it. (One only deleting old logs has a complete log already: queue the next.)
+            core._batch_bytes = core.settings.batch_bytes
+            self._arm_records(records_due)
+            return
+        log_bytes = sw.bytes_written - self._snapshot_bytes
+        if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
+            self._arm_records(True)
+            core._batch_bytes = core.settings.batch_bytes
+            # Set before the request: the rotation thread may switch before it returns.
+            switching = threading.Lock()
+            switching.acquire()
+            core._switching = switching
             self.request()
-        elif self.rotate_records is not None and core._log_update_records >= self.rotate_records:
-            self.request()
+            if self._stop:  # refused: the log is closing
+                self._switched()
+            return
+        self._arm_records(False)
+        if self.rotate_bytes is not None:
+            core._batch_bytes = max(1, min(core.settings.batch_bytes, self.rotate_bytes - log_bytes))
+
+    def _arm_records(self, off: bool) -> None:
+        """Have update() hand its batch over at the record-count trigger (buffered mode)."""
+        core = self.core
+        if core._eager:
+            return
+        if off or self.rotate_records is None:
+            core._cut_lsn = NEVER
+        else:
+            core._cut_lsn = core._written_lsn + self.rotate_records - core._log_update_records - 1
+
+    def _switched(self) -> None:
+        """Release the writers a fired trigger holds (the new log is started, or will not be)."""
+        switching, self.core._switching = self.core._switching, None
+        if switching is not None:
+            try:
+                switching.release()
+            except RuntimeError:
+                pass  # two threads swapped it out at once: the other released it
 
     def check_interval(self) -> None:
         if self.rotate_interval is None or self.rotating or self._queue:
@@ -195,7 +240,11 @@ class Rotator:
         started = time.monotonic()
         self._started_at = started
         seq = core.seq + 1
-        core._start_log(seq)
+        try:
+            core._start_log(seq)
+            self._arm_records(False)
+        finally:
+            self._switched()
         self._snapshot_bytes = 0
         emitted = 0
         active = True
@@ -275,6 +324,7 @@ class Rotator:
                 self._finished(fut)
             del self._queue[start:]
             self._cv.notify_all()
+        self._switched()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
             if self._thread.is_alive():
