@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -26,6 +26,7 @@ from typing import Any
 from destinations import Destination, open_destination
 
 from . import _format as F
+from ._async_follow import followed_batches
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
@@ -120,6 +121,7 @@ class Follower:
     Use it as a background thread (``start()``/``stop()`` or ``with``), or iterate it to
     drive your own loop: each item is a :class:`FollowedBatch` (already passed to
     ``replay``/``replay_batch`` if given), and iteration blocks until more arrives.
+    ``async for`` does the same from an event loop without blocking it.
     """
 
     def __init__(
@@ -223,6 +225,13 @@ class Follower:
             if not got:
                 self._caught_up.set()
                 self._stop.wait(self.poll_interval)
+
+    def __aiter__(self) -> AsyncIterator[FollowedBatch]:
+        """``async for batch in follower``: the same batches as iterating, with every read
+        on the loop's default executor and the waits between polls on the loop. ``replay``
+        or ``replay_batch``, if given, run on that executor's thread: an asyncio app
+        usually passes neither and applies ``batch.records`` in the loop's body."""
+        return followed_batches(self)
 
     # -- the loop -----------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""Group commit for an event loop: tasks waiting for their records share each write and sync.
+
+In an event loop a waiter is a future, and waking it is a callback on the loop: no thread
+is parked per waiter, so the group a sync serves is as large as the number of tasks
+waiting, and releasing it costs one wake-up of the loop whatever its size.
+
+One commit thread per :class:`~persistlog.AsyncLog` does the storage work. A task whose
+record must be written (``flush`` mode, a full batch) or made durable (``fsync`` mode,
+``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
+every registration made so far, writes what is buffered (and syncs it if any of them asked
+for durability) through the Log's own write path (``_sync_through``/``_commit``, under the
+Log's I/O lock, so it interleaves safely with the flush ticker, rotations and threads using
+the Log directly), then hands the whole group to the loop with one
+``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
+records, the thread is already writing and syncing the ones that arrived during its last
+sync: the loop's CPU and the disk's latency overlap.
+
+A cancelled task's future is skipped when its group is resolved; its record was appended
+before the task waited, so it is written with its group all the same. Nothing a task does
+to its future reaches the shared write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from ._errors import LogFailedError, PersistLogError
+from ._writer import LogCore
+
+log = logging.getLogger("persistlog")
+
+_Waiter = tuple[int, bool, "asyncio.Future[int]"]
+
+
+class LoopCommit:
+    """Writes and syncs on behalf of the tasks of one event loop; see the module docstring.
+
+    :meth:`request` is called on the loop's thread; :meth:`stop` from any other thread.
+    """
+
+    def __init__(self, core: LogCore, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._core = core
+        self._loop = loop
+        self._cv = threading.Condition(threading.Lock())
+        self._waiting: list[_Waiter] = []
+        self._idle = False  # the thread sleeps on _cv: a registration must wake it
+        self._stopped = False
+        self.rounds = 0  # writes or syncs done, each resolving one group
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
+        """A future resolved once the record at ``lsn`` is written (durable if asked), or
+        None if it already is."""
+        core = self._core
+        if (core._durable_lsn if durable else core._written_lsn) > lsn:
+            return None
+        fut: asyncio.Future[int] = self._loop.create_future()
+        with self._cv:
+            if not self._stopped:
+                self._waiting.append((lsn, durable, fut))
+                if self._idle:
+                    self._cv.notify()
+                return fut
+        # Closed while this task appended: close() wrote and sealed every record it had
+        # accepted, so this one is covered, unless the log failed first.
+        self._resolve([(lsn, durable, fut)], None)
+        return fut
+
+    def stop(self) -> None:
+        """Serve what is registered, then end the thread (blocks: never on the loop)."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        core = self._core
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._waiting:
+                    if self._stopped:
+                        return
+                    self._idle = True
+                    cv.wait()
+                    self._idle = False
+                group = self._waiting
+                self._waiting = []
+            error: BaseException | None = None
+            top = max(w[0] for w in group)
+            try:
+                if any(w[1] for w in group):
+                    # Writes every record appended so far, theirs included, then syncs.
+                    core._sync_through(top)
+                else:
+                    core._commit(top, durable=False)
+            except BaseException as e:  # the log is failed or closed: each waiter says which
+                error = e
+                log.debug("a write for the event loop failed: %s", e)
+            self.rounds += 1
+            try:
+                self._loop.call_soon_threadsafe(self._resolve, group, error)
+            except RuntimeError:  # the loop was closed: no task is left to tell
+                pass
+
+    def _resolve(self, group: list[_Waiter], error: BaseException | None) -> None:
+        """On the loop: tell every task of a group how its write went."""
+        core = self._core
+        for lsn, durable, fut in group:
+            if fut.done():  # its task was cancelled; the record was written all the same
+                continue
+            # Whether the record is covered, not whether this write raised: a close() that
+            # sealed the records made them durable even if this sync found the log closed,
+            # and their tasks must not be told they failed.
+            if (core._durable_lsn if durable else core._written_lsn) > lsn:
+                fut.set_result(lsn)
+            else:
+                fut.set_exception(_failure(core, error))
+
+
+def _failure(core: LogCore, error: BaseException | None) -> PersistLogError:
+    """The exception a waiting task raises: the same types as the sync API's, a fresh
+    instance per task (one raised in many tasks would collect all their tracebacks)."""
+    try:
+        core._check()
+    except PersistLogError as e:
+        return e
+    failed = LogFailedError(f"a write failed: {error}")
+    failed.__cause__ = error
+    return failed
