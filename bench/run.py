@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import async_log
 import core
 import follower
 import s3
@@ -32,6 +33,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    "asyncio": async_log.BENCHMARKS,
 }
 
 
