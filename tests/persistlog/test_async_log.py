@@ -339,6 +339,33 @@ def test_bad_records_raise_typeerror_in_the_task_and_write_nothing(log_dir: str)
     assert restore_state(log_dir)[0] == {"k": 1}
 
 
+def test_big_records_take_the_slow_path_off_the_loop(clean_memory_fs: None) -> None:
+    """Records that do not fit beside what is buffered are appended on the executor (the
+    slow path may write a batch first); one over the record limit is refused."""
+    plan = ThreadsPlan()
+    url, so = faulty(plan)
+    mib = 1 << 20
+
+    async def main() -> None:
+        loop_thread = threading.get_ident()
+        alog = await persistlog.open_async(url, nothing, storage_options=so, flush_interval=60,
+                                           batch_bytes=32 * mib, rotate_bytes=None)
+        first = await alog.update({"op": "put", "key": "a", "value": "a" * (20 * mib)})
+        second = await alog.update({"op": "put", "key": "b", "value": "b" * (20 * mib)})
+        many = await alog.update_many([{"op": "put", "key": k, "value": k * (20 * mib)} for k in "cd"])
+        assert (first, second, many) == (first, first + 1, first + 3)
+        before = alog.next_lsn
+        with pytest.raises(ValueError):
+            await alog.update({"op": "put", "key": "e", "value": "e" * (33 * mib)})
+        assert alog.next_lsn == before
+        await alog.close()
+        assert loop_thread not in plan.threads
+
+    run(main)
+    state, _ = restore_state(url, storage_options={"target_protocol": "memory"})
+    assert {k: len(v) for k, v in state.items()} == {k: 20 * mib for k in "abcd"}
+
+
 def test_a_closed_log_raises_logclosederror(log_dir: str) -> None:
     async def main() -> None:
         async with await persistlog.open_async(log_dir, nothing) as alog:
