@@ -19,7 +19,7 @@ import time
 import traceback
 from typing import Any
 
-from crash_child import out
+from crash_child import log_options, out
 
 import persistlog
 
@@ -72,14 +72,7 @@ async def main() -> None:
                 time.sleep(0.004)
         out("E-")
 
-    options = dict(
-        durability="fsync",
-        rotate_records=rng.choice([5, 12, 30]),
-        rotate_bytes=rng.choice([None, 3000, 9000]),
-        segment_bytes=4096,
-        retain=rng.choice([1, 2, 3]),
-        compression=rng.choice([None, "gzip"]),
-    )
+    options = log_options(rng)
 
     async def open_log() -> persistlog.AsyncLog:
         alog = await persistlog.open_async(url, enumerate_all, **options)
