@@ -246,7 +246,8 @@ async def open_async(url: str, enumerate_all: EnumerateAll, **options: Any) -> A
     ``secondaries``...) and behaves the same: the first log is enumerated and complete
     before this returns. The opening runs on the loop's default executor and the
     enumeration on the Log's rotation thread, so the loop keeps serving meanwhile; callbacks
-    such as ``on_error`` run on the Log's threads, never on the loop. ``rotate_on_signal``
+    such as ``on_error`` (and ``replay``/``replay_batch`` where ``open`` takes them to
+    restore first) run on those threads, never on the loop. ``rotate_on_signal``
     installs a handler on the loop (``loop.add_signal_handler``) instead of
     ``signal.signal``.
 

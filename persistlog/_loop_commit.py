@@ -107,11 +107,25 @@ class LoopCommit:
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
+            else:
+                group += self._covered()
             self.rounds += 1
             try:
                 self._loop.call_soon_threadsafe(self._resolve, group, error)
             except RuntimeError:  # the loop was closed: no task is left to tell
                 pass
+
+    def _covered(self) -> list[_Waiter]:
+        """Take the waiters registered since the group was taken whose records the write just
+        done covered anyway (appended before it took the buffer): this write answers them,
+        not the next."""
+        core = self._core
+        with self._cv:
+            durable, written = core._durable_lsn, core._written_lsn
+            covered = [w for w in self._waiting if (durable if w[1] else written) > w[0]]
+            if covered:
+                self._waiting = [w for w in self._waiting if (durable if w[1] else written) <= w[0]]
+        return covered
 
     def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
         """On the loop: tell every task of a group how its write went, a slice at a time."""
