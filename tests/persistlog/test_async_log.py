@@ -561,3 +561,29 @@ def test_async_for_follows_a_live_log_without_blocking_the_loop(log_dir: str) ->
         assert replica == {i % 13: i for i in range(200)}
 
     run(main)
+
+
+def test_async_for_raises_what_iterating_raises_and_stop_ends_it(log_dir: str) -> None:
+    lg = persistlog.open(log_dir, nothing)
+    lg.update({"op": "put", "key": "k", "value": 1})
+    lg.close()
+
+    async def main() -> None:
+        ahead = persistlog.Cursor(log=9, segment=0, offset=0, next_lsn=1000)
+        with pytest.raises(persistlog.ResetRequired):
+            async for _ in persistlog.follow(log_dir, cursor=ahead):
+                pass
+        follower = persistlog.follow(log_dir, poll_interval=0.01)
+        seen: list[Any] = []
+
+        async def follow() -> None:
+            async for batch in follower:
+                seen.extend(batch.records)
+
+        task = asyncio.create_task(follow())
+        await asyncio.get_running_loop().run_in_executor(None, follower.wait_caught_up, 10)
+        follower.stop()  # the idle iteration ends at its next poll
+        await asyncio.wait_for(task, 10)
+        assert seen == [{"op": "put", "key": "k", "value": 1}]
+
+    run(main)
