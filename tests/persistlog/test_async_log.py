@@ -243,7 +243,7 @@ def test_a_cancelled_task_leaves_its_record_written_and_the_others_acknowledged(
 
     async def main() -> None:
         alog = await persistlog.open_async(url, nothing, durability="fsync", storage_options=so)
-        plan.delay("pipe_file", 0.1, nth=plan.calls["pipe_file"] + 1, times=3)
+        plan.delay("pipe_file", 0.5, nth=plan.calls["pipe_file"] + 1, times=2)
         tasks = [asyncio.create_task(alog.update({"op": "put", "key": i, "value": i})) for i in range(40)]
         await asyncio.sleep(0.02)  # every task has appended and waits for the slow sync
         for t in tasks[::2]:
