@@ -71,8 +71,7 @@ class AsyncLog:
         ``sync=True`` makes the record durable before returning whatever the mode;
         ``None`` (or ``False``) leaves it to the mode, as ``Log.update`` does.
         """
-        if sync is not None and sync is not True and sync is not False:
-            raise TypeError(f"sync must be True, False or None, not {sync!r}")
+        _check_sync(sync)
         lg = self._log
         staged = lg._stage(record, False)
         if isinstance(staged, bytes):
@@ -81,9 +80,7 @@ class AsyncLog:
         else:
             lsn, end = staged
         if sync or lg._eager or end >= lg._batch_bytes:
-            fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
-            if fut is not None:
-                await fut
+            await self._written(lsn, bool(sync) or lg._sync_each)
         return lsn
 
     async def update_many(self, records: Iterable[Any], sync: bool | None = None) -> int:
@@ -93,8 +90,7 @@ class AsyncLog:
         Every record is encoded first: if any cannot be, ``TypeError`` is raised and none is
         written; if together they are more than one batch holds, ``ValueError``.
         """
-        if sync is not None and sync is not True and sync is not False:
-            raise TypeError(f"sync must be True, False or None, not {sync!r}")
+        _check_sync(sync)
         lg = self._log
         items, body = lg._encode_many(records)
         staged = lg._stage_many(len(items), body)
@@ -106,16 +102,19 @@ class AsyncLog:
         else:
             lsn, end = staged
         if items and (sync or lg._eager or end >= lg._batch_bytes):
-            fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
-            if fut is not None:
-                await fut
+            await self._written(lsn, bool(sync) or lg._sync_each)
         return lsn
 
     async def sync(self) -> None:
         """Make every record appended so far durable (fsync locally, PUT remotely)."""
         lg = self._log
         lg._check()
-        fut = self._commit.request(lg.next_lsn - 1, True)
+        await self._written(lg.next_lsn - 1, True)
+
+    async def _written(self, lsn: int, durable: bool) -> None:
+        """Return once the record at ``lsn`` is written (durable if asked), sharing the
+        write and the sync with every task waiting meanwhile."""
+        fut = self._commit.request(lsn, durable)
         if fut is not None:
             await fut
 
@@ -231,6 +230,11 @@ class AsyncLog:
 
         self._loop.add_signal_handler(signum, handler)
         self._signal = signum
+
+
+def _check_sync(sync: Any) -> None:
+    if sync is not None and sync is not True and sync is not False:
+        raise TypeError(f"sync must be True, False or None, not {sync!r}")
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:
