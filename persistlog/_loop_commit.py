@@ -53,7 +53,6 @@ class LoopCommit:
         self._waiting: list[_Waiter] = []
         self._idle = False  # the thread sleeps on _cv: a registration must wake it
         self._stopped = False
-        self.rounds = 0  # writes or syncs done, each resolving one group
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -109,7 +108,6 @@ class LoopCommit:
                 log.debug("a write for the event loop failed: %s", e)
             else:
                 group += self._covered()
-            self.rounds += 1
             try:
                 self._loop.call_soon_threadsafe(self._resolve, group, error)
             except RuntimeError:  # the loop was closed: no task is left to tell
