@@ -34,9 +34,9 @@ log = logging.getLogger("persistlog")
 _Waiter = tuple[int, bool, "asyncio.Future[int]"]
 
 # Tasks woken in one pass of the loop. Every task woken appends its next record in that
-# pass (tens of microseconds each on a busy machine): waking a group of 256 at once held
-# the loop for several milliseconds (loop lag p99 13 ms in the bench), slices of 32 keep
-# each pass near one.
+# pass (tens of microseconds each on a busy machine): a group of 256 woken at once would
+# hold the loop for the whole group's appends, several milliseconds, before a timer or a
+# connection due meanwhile gets its turn; a slice of 32 holds it for about one.
 _SLICE = 32
 
 
