@@ -13,7 +13,10 @@ Log's I/O lock, so it interleaves safely with the flush ticker, rotations and th
 the Log directly), then hands the whole group to the loop with one
 ``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
 records, the thread is already writing and syncing the ones that arrived during its last
-sync: the loop's CPU and the disk's latency overlap.
+sync: the loop's CPU and the disk's latency overlap. When syncs are slow (a millisecond or
+more: a busy disk, a PUT), the thread first waits a bounded while for the tasks it just
+released, as the threads' group commit does (``_group_commit``), so that the tasks do not
+split into two halves each paying a whole sync.
 
 A cancelled task's future is skipped when its group is resolved; its record was appended
 before the task waited, so it is written with its group all the same. Nothing a task does
@@ -25,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from ._errors import LogFailedError, PersistLogError
+from ._group_commit import _GATHER_FROM, _MAX_GATHER
 from ._writer import LogCore
 
 log = logging.getLogger("persistlog")
@@ -52,6 +57,7 @@ class LoopCommit:
         self._cv = threading.Condition(threading.Lock())
         self._waiting: list[_Waiter] = []
         self._idle = False  # the thread sleeps on _cv: a registration must wake it
+        self._want = 0  # the thread gathers: wake it once this many tasks wait
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -66,7 +72,7 @@ class LoopCommit:
         with self._cv:
             if not self._stopped:
                 self._waiting.append((lsn, durable, fut))
-                if self._idle:
+                if self._idle or (self._want and len(self._waiting) >= self._want):
                     self._cv.notify()
                 return fut
         # Closed while this task appended: close() wrote and sealed every record it had
@@ -85,6 +91,8 @@ class LoopCommit:
     def _run(self) -> None:
         core = self._core
         cv = self._cv
+        last_sync = 0.0  # seconds the last write (and sync) took
+        expect = 0  # tasks waiting for, or released by, the last write
         while True:
             with cv:
                 while not self._waiting:
@@ -93,8 +101,11 @@ class LoopCommit:
                     self._idle = True
                     cv.wait()
                     self._idle = False
+                if expect > len(self._waiting) and last_sync >= _GATHER_FROM and not self._stopped:
+                    self._gather(expect, min(last_sync / 2, _MAX_GATHER))
                 group = self._waiting
                 self._waiting = []
+            started = time.monotonic()
             error: BaseException | None = None
             top = max(w[0] for w in group)
             try:
@@ -108,10 +119,31 @@ class LoopCommit:
                 log.debug("a write for the event loop failed: %s", e)
             else:
                 group += self._covered()
+            last_sync = time.monotonic() - started
+            with cv:
+                expect = len(group) + len(self._waiting)
             try:
                 self._loop.call_soon_threadsafe(self._resolve, group, error)
             except RuntimeError:  # the loop was closed: no task is left to tell
                 pass
+
+    def _gather(self, expect: int, limit: float) -> None:
+        """Wait (holding ``_cv``) until ``expect`` tasks wait, for ``limit`` at most.
+
+        With slow syncs the tasks the last one released are back with their next records
+        well within a sync's time: waiting for them makes one sync of what would otherwise
+        be two halves of the tasks taking turns, each half paying a whole sync.
+        """
+        deadline = time.monotonic() + limit
+        self._want = expect
+        try:
+            while len(self._waiting) < expect:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped:
+                    return
+                self._cv.wait(left)
+        finally:
+            self._want = 0
 
     def _covered(self) -> list[_Waiter]:
         """Take the waiters registered since the group was taken whose records the write just
