@@ -31,7 +31,7 @@ import threading
 import time
 
 from ._errors import LogFailedError, PersistLogError
-from ._group_commit import _GATHER_FROM, _MAX_GATHER
+from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
 from ._writer import LogCore
 
 log = logging.getLogger("persistlog")
@@ -134,14 +134,9 @@ class LoopCommit:
         well within a sync's time: waiting for them makes one sync of what would otherwise
         be two halves of the tasks taking turns, each half paying a whole sync.
         """
-        deadline = time.monotonic() + limit
         self._want = expect
         try:
-            while len(self._waiting) < expect:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopped:
-                    return
-                self._cv.wait(left)
+            gather(self._cv, lambda: len(self._waiting) >= expect or self._stopped, limit)
         finally:
             self._want = 0
 
