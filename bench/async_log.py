@@ -11,6 +11,7 @@ from typing import Any
 
 import persistlog
 
+from core import sync_rate
 from figures import Figure, at_most, info, vs_baseline
 from workload import Config, Scratch, interleaved, latency_summary, median, no_enumeration, small_records
 
@@ -94,6 +95,7 @@ def group_commit(cfg: Config, s: Scratch) -> list[Figure]:
     one = fsync_tasks(s.fresh("alog-fsync-1"), 1, cfg.fsync_seconds)
     idle = idle_lag(cfg.fsync_seconds)
     many = fsync_tasks(s.fresh("alog-fsync-n"), TASKS, cfg.fsync_seconds)
+    threads = sync_rate(s.fresh("log-fsync-threads"), cfg.fsync_threads, cfg.fsync_seconds, durability="fsync")
     lag = many["loop_lag"] | {"idle_loop": idle}
     return [
         vs_baseline(
@@ -101,6 +103,8 @@ def group_commit(cfg: Config, s: Scratch) -> list[Figure]:
             "1 task", "rec/s", 30.0, {"one_task": one, "tasks": many},
         ),
         info(f"  records per fsync, {TASKS} tasks", ISSUE, round(many["records_per_sync"], 2), "rec"),
+        info(f"  {TASKS} tasks vs the sync Log's group commit", ISSUE, many["rate"], "rec/s", threads["rate"],
+             f"{cfg.fsync_threads} threads", {"threads": threads}),
         at_most(f"  loop lag p99 during {TASKS} tasks", ISSUE, lag["p99_ms"], 10.0, "ms",
                 idle["p99_ms"], "idle loop", raw=lag),
     ]
