@@ -15,19 +15,23 @@ written to the OS; in ``fsync`` mode (or with ``sync=True``) once it is durable.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._api import restore
 from ._log import Log, open
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll
+
+if TYPE_CHECKING:
+    # Imported where it is used at run time: ``import persistlog`` (the CLI, a restore-only
+    # tool) does not pay for importing asyncio, about a quarter of its own import time.
+    import asyncio
 
 log = logging.getLogger("persistlog")
 
@@ -133,6 +137,8 @@ class AsyncLog:
         fut = lg._rotator.request(coalesce=False)
         if not wait:
             return None
+        import asyncio
+
         return await asyncio.wait_for(self._shielded(fut), timeout)
 
     async def add_destination(
@@ -218,6 +224,8 @@ class AsyncLog:
 
     def _shielded(self, fut: Future[T]) -> asyncio.Future[T]:
         """Await a Log future without letting a cancelled awaiter cancel it."""
+        import asyncio
+
         wrapped = asyncio.wrap_future(fut, loop=self._loop)
         wrapped.add_done_callback(_consume)
         return asyncio.shield(wrapped)
@@ -259,6 +267,8 @@ async def open_async(url: str, enumerate_all: EnumerateAll, **options: Any) -> A
     loop's tasks keep updating: see "asyncio" in README.md for how an asyncio app holds its
     per-resource exclusion while a resource is emitted.
     """
+    import asyncio
+
     loop = asyncio.get_running_loop()
     signum = options.pop("rotate_on_signal", None)
     opening = loop.run_in_executor(None, functools.partial(open, url, enumerate_all, **options))
@@ -295,6 +305,8 @@ async def restore_async(
     serving: do not touch the state they build until this returns (restore before you
     start serving). Cancelling the awaiting task does not stop the restore.
     """
+    import asyncio
+
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(None, functools.partial(restore, url, replay, **options))
 

@@ -26,7 +26,6 @@ from typing import Any
 from destinations import Destination, open_destination
 
 from . import _format as F
-from ._async_follow import followed_batches
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
@@ -231,6 +230,8 @@ class Follower:
         on the loop's default executor and the waits between polls on the loop. ``replay``
         or ``replay_batch``, if given, run on that executor's thread: an asyncio app
         usually passes neither and applies ``batch.records`` in the loop's body."""
+        from ._async_follow import followed_batches  # asyncio only for asyncio apps
+
         return followed_batches(self)
 
     # -- the loop -----------------------------------------------------------------------

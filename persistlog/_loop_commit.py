@@ -25,14 +25,17 @@ to its future reaches the shared write.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ._errors import LogFailedError, PersistLogError
 from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
 from ._writer import LogCore
+
+if TYPE_CHECKING:
+    import asyncio
 
 log = logging.getLogger("persistlog")
 

@@ -12,6 +12,8 @@ import asyncio
 import errno
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -587,3 +589,10 @@ def test_async_for_raises_what_iterating_raises_and_stop_ends_it(log_dir: str) -
         assert seen == [{"op": "put", "key": "k", "value": 1}]
 
     run(main)
+
+
+def test_importing_persistlog_leaves_asyncio_to_asyncio_apps() -> None:
+    """The CLI and sync apps do not pay for importing asyncio (a quarter of the import)."""
+    code = "import sys, persistlog; persistlog.follow; print('asyncio' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
