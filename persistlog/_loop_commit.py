@@ -28,9 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
-from ._errors import LogFailedError, PersistLogError
+from ._errors import LogClosedError, LogFailedError, PersistLogError
 from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
 from ._writer import LogCore
 
@@ -55,7 +56,10 @@ class LoopCommit:
     """
 
     def __init__(self, core: LogCore, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        self._core = core
+        # Reached weakly, as the Log's own threads reach it: a Log its app dropped unclosed
+        # can be collected (and sealed), and then this thread ends.
+        self._core = weakref.ref(core)
+        weakref.finalize(core, self._wake)
         self._loop = loop
         self._cv = threading.Condition(threading.Lock())
         self._waiting: list[_Waiter] = []
@@ -68,7 +72,8 @@ class LoopCommit:
     def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
         """A future resolved once the record at ``lsn`` is written (durable if asked), or
         None if it already is."""
-        core = self._core
+        core = self._core()
+        assert core is not None  # the AsyncLog asking holds its Log
         if (core._durable_lsn if durable else core._written_lsn) > lsn:
             return None
         fut: asyncio.Future[int] = self._loop.create_future()
@@ -85,14 +90,16 @@ class LoopCommit:
 
     def stop(self) -> None:
         """Serve what is registered, then end the thread (blocks: never on the loop)."""
-        with self._cv:
-            self._stopped = True
-            self._cv.notify()
+        self._wake()
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
+    def _wake(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+
     def _run(self) -> None:
-        core = self._core
         cv = self._cv
         last_sync = 0.0  # seconds the last write (and sync) took
         expect = 0  # tasks waiting for, or released by, the last write
@@ -111,7 +118,10 @@ class LoopCommit:
             started = time.monotonic()
             error: BaseException | None = None
             top = max(w[0] for w in group)
+            core = self._core()
             try:
+                if core is None:
+                    raise LogClosedError("the log was closed")
                 if any(w[1] for w in group):
                     # Writes every record appended so far, theirs included, then syncs.
                     core._sync_through(top)
@@ -121,7 +131,8 @@ class LoopCommit:
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
             else:
-                group += self._covered()
+                group += self._covered(core)
+            del core  # not held while idle
             last_sync = time.monotonic() - started
             with cv:
                 expect = len(group) + len(self._waiting)
@@ -143,11 +154,10 @@ class LoopCommit:
         finally:
             self._want = 0
 
-    def _covered(self) -> list[_Waiter]:
+    def _covered(self, core: LogCore) -> list[_Waiter]:
         """Take the waiters registered since the group was taken whose records the write just
         done covered anyway (appended before it took the buffer): this write answers them,
         not the next."""
-        core = self._core
         with self._cv:
             durable, written = core._durable_lsn, core._written_lsn
             covered = [w for w in self._waiting if (durable if w[1] else written) > w[0]]
@@ -157,7 +167,7 @@ class LoopCommit:
 
     def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
         """On the loop: tell every task of a group how its write went, a slice at a time."""
-        core = self._core
+        core = self._core()
         end = start + _SLICE
         if end < len(group):
             # The rest after the tasks this slice wakes: a timer or a connection due
@@ -169,15 +179,17 @@ class LoopCommit:
             # Whether the record is covered, not whether this write raised: a close() that
             # sealed the records made them durable even if this sync found the log closed,
             # and their tasks must not be told they failed.
-            if (core._durable_lsn if durable else core._written_lsn) > lsn:
+            if core is not None and (core._durable_lsn if durable else core._written_lsn) > lsn:
                 fut.set_result(lsn)
             else:
                 fut.set_exception(_failure(core, error))
 
 
-def _failure(core: LogCore, error: BaseException | None) -> PersistLogError:
+def _failure(core: LogCore | None, error: BaseException | None) -> PersistLogError:
     """The exception a waiting task raises: the same types as the sync API's, a fresh
     instance per task (one raised in many tasks would collect all their tracebacks)."""
+    if core is None:
+        return LogClosedError("the log was closed")
     try:
         core._check()
     except PersistLogError as e:
