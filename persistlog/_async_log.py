@@ -83,13 +83,14 @@ class AsyncLog:
             lsn, end = await self._offload(lg._append_encoded, [staged], False)
         else:
             lsn, end = staged
-        if sync or lg._eager or end >= lg._batch_bytes:
+        if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
             await self._written(lsn, bool(sync) or lg._sync_each)
         return lsn
 
-    async def update_many(self, records: Iterable[Any], sync: bool | None = None) -> int:
+    async def update_many(self, records: Iterable[Any], sync: bool | None = None) -> int | None:
         """Append several records as one batch: a crash keeps all of them or none.
-        Returns the LSN of the last once the log's durability mode is met.
+        Returns the LSN of the last once the log's durability mode is met (None for no
+        records).
 
         Every record is encoded first: if any cannot be, ``TypeError`` is raised and none is
         written; if together they are more than one batch holds, ``ValueError``.
@@ -97,6 +98,8 @@ class AsyncLog:
         _check_sync(sync)
         lg = self._log
         items, body = lg._encode_many(records)
+        if not items:
+            return None
         staged = lg._stage_many(len(items), body)
         if staged is None:
             # Does not fit beside what is buffered: what is buffered is written first.
@@ -105,7 +108,7 @@ class AsyncLog:
             )
         else:
             lsn, end = staged
-        if items and (sync or lg._eager or end >= lg._batch_bytes):
+        if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
             await self._written(lsn, bool(sync) or lg._sync_each)
         return lsn
 

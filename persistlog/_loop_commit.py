@@ -8,9 +8,9 @@ One commit thread per :class:`~persistlog.AsyncLog` does the storage work. A tas
 record must be written (``flush`` mode, a full batch) or made durable (``fsync`` mode,
 ``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
 every registration made so far, writes what is buffered (and syncs it if any of them asked
-for durability) through the Log's own write path (``_sync_through``/``_commit``, under the
-Log's I/O lock, so it interleaves safely with the flush ticker, rotations and threads using
-the Log directly), then hands the whole group to the loop with one
+for durability) through the Log's own write path (``_commit``, under the Log's I/O lock, so
+it interleaves safely with the flush ticker, rotations and threads using the Log
+directly), then hands the whole group to the loop with one
 ``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
 records, the thread is already writing and syncing the ones that arrived during its last
 sync: the loop's CPU and the disk's latency overlap. When syncs are slow (a millisecond or
@@ -122,11 +122,9 @@ class LoopCommit:
             try:
                 if core is None:
                     raise LogClosedError("the log was closed")
-                if any(w[1] for w in group):
-                    # Writes every record appended so far, theirs included, then syncs.
-                    core._sync_through(top)
-                else:
-                    core._commit(top, durable=False)
+                # Writes every record appended so far, theirs included, and syncs if any
+                # of them asked; it also holds them while a fired trigger switches logs.
+                core._commit(top, durable=any(w[1] for w in group))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
