@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from types import TracebackType
@@ -122,6 +122,7 @@ class Follower:
     Use it as a background thread (``start()``/``stop()`` or ``with``), or iterate it to
     drive your own loop: each item is a :class:`FollowedBatch` (already passed to
     ``replay``/``replay_batch`` if given), and iteration blocks until more arrives.
+    ``async for`` does the same from an event loop without blocking it.
     """
 
     def __init__(
@@ -281,6 +282,15 @@ class Follower:
             if not got:
                 self._caught_up.set()
                 self._stop.wait(self.poll_interval)
+
+    def __aiter__(self) -> AsyncIterator[FollowedBatch]:
+        """``async for batch in follower``: the same batches as iterating, with every read
+        on the loop's default executor and the waits between polls on the loop. ``replay``
+        or ``replay_batch``, if given, run on that executor's thread: an asyncio app
+        usually passes neither and applies ``batch.records`` in the loop's body."""
+        from ._async_follow import followed_batches  # asyncio only for asyncio apps
+
+        return followed_batches(self)
 
     # -- the loop -----------------------------------------------------------------------
 
