@@ -1,6 +1,6 @@
 """Rotation: starting a fresh log that begins with a full enumeration of the app's state.
 
-The protocol (DESIGN.md, "Rotation"), run on the rotation thread:
+The protocol (docs/DESIGN.md, "Rotation"), run on the rotation thread:
 
 1. create log N+1 durably and switch every later record to it; seal log N;
 2. call ``enumerate_all(emit)``: ``emit`` writes *snapshot* records into N+1 while the app's
@@ -301,7 +301,7 @@ class Rotator:
     def _retain(self) -> None:
         if not self._pointer_moved:
             # Old logs go only once a newer complete log *and its pointer* are durable
-            # (DESIGN invariant 4): wait for a rotation whose CURRENT move succeeds.
+            # (docs/DESIGN.md invariant 4): wait for a rotation whose CURRENT move succeeds.
             log.warning("retention at %s postponed: CURRENT was not moved", self.core.dest.url)
             return
         try:

@@ -1,5 +1,5 @@
 """SIGKILL soak: a supervisor kills a busy writer process at random moments, then restores
-and checks that no acknowledged update was lost (DESIGN invariant 1), over and over.
+and checks that no acknowledged update was lost (docs/DESIGN.md invariant 1), over and over.
 
     python tests/soak.py --iterations 200 --seconds 600 --destinations local,s3 --json soak.json
 

@@ -1,4 +1,4 @@
-"""Crash safety with real processes killed by SIGKILL (DESIGN invariant 1).
+"""Crash safety with real processes killed by SIGKILL (docs/DESIGN.md invariant 1).
 
 One destination directory lives through every round: a child process (``crash_child.py``)
 restores it, opens it with ``durability="fsync"``, updates from several threads, rotates and

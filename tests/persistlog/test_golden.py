@@ -1,4 +1,4 @@
-"""Old logs stay readable (DESIGN invariant 7): golden files of format version 1.
+"""Old logs stay readable (docs/DESIGN.md invariant 7): golden files of format version 1.
 
 ``tests/golden/v1/<case>.plog/`` is a destination directory written once by the real writer
 (the generators below) and committed; ``<case>.json`` beside it is what the reader found in

@@ -1,4 +1,4 @@
-"""The scenarios of the original Go package (seeds/003) and the DESIGN contract details,
+"""The scenarios of the original design and the contract details of docs/DESIGN.md,
 each against a real Log on a real directory."""
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def test_interrupted_rotation_complete_but_current_not_moved(tmp_path: Any) -> N
 
 
 def test_old_logs_stay_until_current_names_a_newer_complete_log(log_dir: str) -> None:
-    """DESIGN invariant 4: retention deletes old logs only after the newer complete log's
+    """docs/DESIGN.md invariant 4: retention deletes old logs only after the newer complete log's
     pointer is durable. Here CURRENT cannot be replaced (a directory took its name)."""
     app = App({"a": 1})
     lg = app.open(log_dir, retain=1, durability="fsync")

@@ -1,4 +1,4 @@
-"""Prefix durability (DESIGN invariant 1) as a hypothesis state machine.
+"""Prefix durability (docs/DESIGN.md invariant 1) as a hypothesis state machine.
 
 An app keeps a dict and logs every change through a real Log on a temporary directory.
 Rules: put/delete (optionally ``sync=True``), ``update_many``, ``rotate()``, ``sync()``,

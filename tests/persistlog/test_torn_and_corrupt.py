@@ -1,4 +1,4 @@
-"""Torn tails are normal, corruption is loud (DESIGN invariant 2, FORMAT "Torn tails and
+"""Torn tails are normal, corruption is loud (docs/DESIGN.md invariant 2, FORMAT "Torn tails and
 corruption"), and CURRENT is only a hint.
 
 The logs here are written by the real writer; damage is made by editing the real files.

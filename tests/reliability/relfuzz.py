@@ -1,6 +1,6 @@
 """Hostile input for the read side: a corpus of valid logs, mutators, and the contract check.
 
-The contract (DESIGN invariants 2 and 5, docs/FORMAT.md "Torn tails and corruption"): given
+The contract (docs/DESIGN.md invariants 2 and 5, docs/FORMAT.md "Torn tails and corruption"): given
 any bytes at a destination, ``persistlog.restore`` (strict or ``recovery="skip"``) and a
 follower's ``poll`` either succeed, handing the app only inert values, or raise
 ``persistlog.CorruptLogError``. Nothing else escapes, no length read from storage makes

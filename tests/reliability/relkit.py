@@ -1,5 +1,5 @@
 """The systematic layer's engine: a deterministic workload, the update model, the prefix
-check (DESIGN invariant 1) and the crash-point matrix built on ``tests/crashsim.py``.
+check (docs/DESIGN.md invariant 1) and the crash-point matrix built on ``tests/crashsim.py``.
 
 The matrix works in two passes, as LevelDB's fault_injection_test and the ALICE study do:
 

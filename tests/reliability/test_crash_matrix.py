@@ -4,7 +4,7 @@ For each configuration (local fsync, local buffered with explicit syncs, local w
 compressed secondary, an object store, local with an object-store secondary), the workload is recorded once; then it is crashed
 at each recorded failpoint (CI: every create, replace, delete, PUT and lock point and an
 even sample of the append/flush/sync points; ``PERSISTLOG_CRASH_FULL=1``: all of them, each
-under every power-loss mode), restored, checked against DESIGN invariant 1 (the secondary too: a prefix, never an
+under every power-loss mode), restored, checked against docs/DESIGN.md invariant 1 (the secondary too: a prefix, never an
 error), reopened with the same secondary and checked again (after that clean close the
 secondary holds exactly the primary's state). ``python tests/reliability/report.py`` runs the full matrix and records the
 figures in docs/RELIABILITY.md.

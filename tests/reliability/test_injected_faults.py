@@ -3,7 +3,7 @@ rename, failing delete, slow I/O and failing or flaky PUTs.
 
 Each test drives a real Log through ``tests/crashsim.py`` (or ``tests/faults.py`` for the
 fsspec layer), then checks what the app was told, what the Log does next, and what a
-restore sees, after a process crash and after a power loss (DESIGN invariant 1).
+restore sees, after a process crash and after a power loss (docs/DESIGN.md invariant 1).
 """
 
 from __future__ import annotations
