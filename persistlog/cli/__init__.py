@@ -8,6 +8,7 @@ the work itself is done by library functions (``persistlog._inspect``, ``_repair
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 
 from .._format import FORMAT_VERSION
@@ -35,6 +36,14 @@ Run "persistlog COMMAND --help" for each command's options and examples.
 """
 
 
+def package_version() -> str:
+    """The installed distribution's version ("unknown" when run from a tree never installed)."""
+    try:
+        return importlib.metadata.version("persistlog")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="persistlog",
@@ -42,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"persistlog (format v{FORMAT_VERSION})")
+    parser.add_argument("--version", action="version", version=f"persistlog {package_version()} (format v{FORMAT_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = common_options()
     for command in COMMANDS:
