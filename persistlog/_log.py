@@ -13,7 +13,7 @@ from typing import Any
 from destinations import Destination, open_destination
 
 from . import _format as F
-from ._codec import Codec
+from ._codec import Codec, check_depth
 from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
 from ._errors import DestinationError, LogClosedError, PersistLogError
 from ._reader import LogScanner, list_logs, read_pointer
@@ -92,6 +92,10 @@ class Log(LogCore):
     update.__doc__ = """Append ``record``; returns its LSN.
 
     Raises ``TypeError`` before anything is written if the record cannot be encoded.
+    Limits, checked before anything is written (``ValueError``): a record encodes to at
+    most 32 MiB, and nests at most 256 levels deep (lists, tuples, dicts, sets and tags
+    on its deepest path, with what a ``Codec``'s encode functions return counted in, so a
+    value that contains itself is refused too).
     In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
     mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
     before this returns, sharing one fsync with concurrent callers.
@@ -101,7 +105,8 @@ class Log(LogCore):
 
     The records go into one batch, so a crash keeps all of them or none. Every record is
     encoded first: if any cannot be, ``TypeError`` is raised and none is written; if
-    together they are more than one batch holds (about 56 MiB), ``ValueError``.
+    together they are more than one batch holds (about 56 MiB), ``ValueError``. Each
+    record has ``update()``'s limits (32 MiB, 256 levels deep).
     """
 
     def sync(self) -> None:
@@ -343,7 +348,8 @@ def open(
     ``enumerate_all(emit)``, which must call ``emit(record)`` once per live resource, and
     returns once that first log is complete (if it raises, the log is closed and
     :class:`EnumerateError` is raised). A second writer on the same destination gets
-    :class:`WriterConflict`.
+    :class:`WriterConflict`. Emitted records and ``metadata`` nest at most 256 levels deep,
+    as ``update()``'s records do (``ValueError``).
 
     Triggers (``None`` turns one off): ``rotate_bytes`` (default 64 MiB of log),
     ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
@@ -374,6 +380,7 @@ def open(
         compression=compression,
     )
     codec = codec or Codec()
+    check_depth(metadata, "metadata")
     try:
         codec.encode(metadata)
     except Exception as e:

@@ -27,7 +27,7 @@ from destinations import Destination, LockHeld, WriterLock
 
 from . import _encoder
 from . import _format as F
-from ._codec import Codec, encode_error
+from ._codec import Codec, RecordTooDeep, check_depth, encode_error, nesting_depth
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
 from ._replicas import Replica
@@ -40,6 +40,7 @@ COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.
 
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
+_MAX_DEPTH = F.MAX_RECORD_DEPTH
 # Record bytes one batch may hold, leaving room for a kind bitmap (at most 1/8 of them).
 _BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 
@@ -182,8 +183,11 @@ class LogCore:
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
     def update(self, record: Any, sync: bool = False) -> int:
-        # _buffer(record, False), inlined: the extra call costs update() about a sixth of
-        # its speed (bench: update() against the naive loop), and this is the hot path.
+        # check_depth(record), then _buffer(record, False), both inlined: the extra calls
+        # cost update() about a sixth of its speed (bench: update() against the naive
+        # loop), and this is the hot path.
+        if nesting_depth(record, _MAX_DEPTH) > _MAX_DEPTH:
+            raise RecordTooDeep()
         with self._lock:
             if self._blocked:
                 self._check()
@@ -284,6 +288,7 @@ class LogCore:
         than one batch holds, none is appended."""
         items = records if isinstance(records, list) else list(records)
         n = len(items)
+        check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
         try:
@@ -315,6 +320,7 @@ class LogCore:
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
+        check_depth(record, "snapshot record")
         lsn, end = self._buffer(record, True)
         if end >= self._batch_bytes:
             self._commit(lsn, durable=False)
