@@ -130,7 +130,7 @@ def _session() -> Any:
     return local_session()
 
 
-_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|ValueError|FileNotFoundError|PermissionError)): (.+)")
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|MissingDependencyError|ValueError|FileNotFoundError|PermissionError)): (.+)")
 
 
 def _explain(exc: BaseException) -> str:

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import re
-import subprocess
-import sys
-import textwrap
 import types
 from pathlib import Path
 from typing import Any
@@ -26,6 +22,7 @@ from hypothesis import strategies as st
 import persistlog
 from persistlog import _codec
 from persistlog import _format as F
+from childproc import run_json
 from plhelpers import plsettings
 
 LIMIT = F.MAX_RECORD_DEPTH
@@ -36,21 +33,6 @@ def nested(n: int, wrap: Any = lambda x: [x]) -> Any:
     for _ in range(n):
         value = wrap(value)
     return value
-
-
-def run_child(code: str, *args: str, hide: str | None = None) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter (with module ``hide`` made unimportable); it
-    prints one JSON object as its last line. A crash fails with its signal."""
-    prelude = f"import sys; sys.modules[{hide!r}] = None\n" if hide else ""
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-2000:]}"
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 # Every way a value reaches the encoder, each given a list nested 9,000 deep (cbor2's
@@ -101,7 +83,7 @@ ENTRY_POINTS = """
 @pytest.mark.parametrize("how", ["update", "update_many", "emit", "metadata"])
 def test_a_list_nested_9000_deep_is_refused_and_nothing_is_written(tmp_path: Path, how: str) -> None:
     url = str(tmp_path / "log")
-    out = run_child(ENTRY_POINTS, url, how)
+    out = run_json(ENTRY_POINTS, url, how)
     assert f"more than {LIMIT} levels deep" in out["error"]
     assert how == "metadata" or out["value_error"] is True
     if how == "metadata":
@@ -180,7 +162,7 @@ def test_registered_classes_cannot_recurse_without_bound(tmp_path: Path) -> None
     """A Codec's encode functions are called from inside cbor2's recursion, where no check
     made beforehand can see what they return: a linked list of 5,000 dataclasses would
     recurse 15,000 levels deep."""
-    out = run_child(CHAIN, str(tmp_path / "log"), "5000")
+    out = run_json(CHAIN, str(tmp_path / "log"), "5000")
     assert "levels deep" in out["error"]
     assert out["records"] == 1 and out["short"] == 2  # the log went on, nothing of it written
 
@@ -220,7 +202,7 @@ NO_ACCELERATOR = """
 
 
 def test_without_the_c_accelerator_the_python_check_refuses_too(tmp_path: Path) -> None:
-    out = run_child(NO_ACCELERATOR, str(tmp_path / "log"), hide="persistlog._cbor_json")
+    out = run_json(NO_ACCELERATOR, str(tmp_path / "log"), hide=["persistlog._cbor_json"])
     assert out["pure"] is True
     assert "levels deep" in out["error"]
 
