@@ -22,7 +22,8 @@ EPILOG = """\
 exit status:
   0  success, destination clean
   1  damage found (torn tail or corruption), or a repair refused
-  2  bad usage or input, or storage that cannot be used
+  2  bad usage or input, no log at URL, storage that cannot be used, or a log
+     that cannot be checked (a batch needs a package that is not installed)
 
 examples:
   persistlog info /var/lib/app/state
