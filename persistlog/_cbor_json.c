@@ -852,30 +852,12 @@ depth_next_child(DepthLevel *lv, PyObject **child)
     }
 }
 
-PyDoc_STRVAR(nesting_depth_doc,
-"nesting_depth(value, limit) -> int\n\n"
-"How many containers deep ``value`` nests (0 for a scalar, 1 for a flat list or dict),\n"
-"counting lists, tuples, dicts, sets, CBORTag values and other Mappings and Sequences,\n"
-"as cbor2 recurses into them; ``limit + 1`` as soon as it is deeper than ``limit``\n"
-"(a value that contains itself is). Uses no C recursion.");
-
-static PyObject *
-nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The depth of ``value``, ``limit + 1`` once deeper than ``limit``; -1 with an error set. */
+static Py_ssize_t
+depth_of(PyObject *value, Py_ssize_t limit)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "nesting_depth(value, limit) takes 2 arguments");
-        return NULL;
-    }
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    if (limit < 0 || limit > 1000000) {
-        PyErr_SetString(PyExc_ValueError, "nesting_depth: limit must be within 0..1000000");
-        return NULL;
-    }
-    PyObject *value = args[0];
     if (depth_is_scalar(value))
-        return PyLong_FromLong(0);
+        return 0;
     /* The common record, a dict of scalars, answered without setting up a walk: this runs
      * before every update(). */
     if (PyDict_CheckExact(value) && limit > 0) {
@@ -885,7 +867,7 @@ nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         while (flat && PyDict_Next(value, &pos, &k, &v))
             flat = depth_is_scalar(k) && depth_is_scalar(v);
         if (flat)
-            return PyLong_FromLong(1);
+            return 1;
     }
     DepthLevel small[32];
     DepthLevel *stack = small;
@@ -955,14 +937,149 @@ nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (stack != small)
         PyMem_Free(stack);
-    if (failed)
+    return failed ? -1 : deepest;
+}
+
+static int
+depth_limit_arg(PyObject *arg, Py_ssize_t *limit)
+{
+    *limit = PyLong_AsSsize_t(arg);
+    if (*limit == -1 && PyErr_Occurred())
+        return -1;
+    if (*limit < 0 || *limit > 1000000) {
+        PyErr_SetString(PyExc_ValueError, "the depth limit must be within 0..1000000");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(nesting_depth_doc,
+"nesting_depth(value, limit) -> int\n\n"
+"How many containers deep ``value`` nests (0 for a scalar, 1 for a flat list or dict),\n"
+"counting lists, tuples, dicts, sets, CBORTag values and other Mappings and Sequences,\n"
+"as cbor2 recurses into them; ``limit + 1`` as soon as it is deeper than ``limit``\n"
+"(a value that contains itself is). Uses no C recursion.");
+
+static PyObject *
+nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "nesting_depth(value, limit) takes 2 arguments");
         return NULL;
-    return PyLong_FromSsize_t(deepest);
+    }
+    if (depth_limit_arg(args[1], &limit) < 0)
+        return NULL;
+    Py_ssize_t depth = depth_of(args[0], limit);
+    return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
+}
+
+/* depth_checked(): ``encode`` behind the depth check, as one callable, so that the
+ * writer's hot path pays for one call, not two and a comparison. Its type is made on
+ * first use, which keeps this block out of the module's initialisation. */
+
+#include <structmember.h> /* T_PYSSIZET, READONLY: in Python.h only from 3.12 on */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *encode;
+    PyObject *error;
+    Py_ssize_t limit;
+} DepthChecked;
+
+static PyObject *
+depth_checked_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    DepthChecked *dc = (DepthChecked *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "a depth-checked encoder takes one value");
+        return NULL;
+    }
+    Py_ssize_t depth = depth_of(args[0], dc->limit);
+    if (depth < 0)
+        return NULL;
+    if (depth > dc->limit) {
+        PyObject *exc = PyObject_CallNoArgs(dc->error);
+        if (exc != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return NULL;
+    }
+    return PyObject_Vectorcall(dc->encode, args, 1, NULL);
+}
+
+static void
+depth_checked_dealloc(PyObject *self)
+{
+    DepthChecked *dc = (DepthChecked *)self;
+    PyTypeObject *type = Py_TYPE(self);
+    Py_XDECREF(dc->encode);
+    Py_XDECREF(dc->error);
+    type->tp_free(self);
+    Py_DECREF(type); /* taken by PyObject_New: instances of a heap type hold their type */
+}
+
+static PyMemberDef depth_checked_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(DepthChecked, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot depth_checked_slots[] = {
+    {Py_tp_dealloc, depth_checked_dealloc},
+    {Py_tp_call, PyVectorcall_Call},
+    {Py_tp_members, depth_checked_members},
+    {0, NULL},
+};
+
+static PyType_Spec depth_checked_spec = {
+    "persistlog._cbor_json.DepthChecked",
+    sizeof(DepthChecked),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    depth_checked_slots,
+};
+
+static PyObject *depth_checked_type;
+
+PyDoc_STRVAR(depth_checked_doc,
+"depth_checked(encode, limit, error) -> callable\n\n"
+"A callable taking one value: if it nests deeper than ``limit`` (see nesting_depth),\n"
+"raises ``error()``; otherwise returns ``encode(value)``.");
+
+static PyObject *
+depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked: encode and error must be callables");
+        return NULL;
+    }
+    if (depth_limit_arg(args[1], &limit) < 0)
+        return NULL;
+    if (depth_checked_type == NULL && (depth_checked_type = PyType_FromSpec(&depth_checked_spec)) == NULL)
+        return NULL;
+    DepthChecked *dc = PyObject_New(DepthChecked, (PyTypeObject *)depth_checked_type);
+    if (dc == NULL)
+        return NULL;
+    dc->vectorcall = depth_checked_call;
+    Py_INCREF(args[0]);
+    dc->encode = args[0];
+    Py_INCREF(args[2]);
+    dc->error = args[2];
+    dc->limit = limit;
+    return (PyObject *)dc;
 }
 
 static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
     {"nesting_depth", (PyCFunction)(void (*)(void))nesting_depth, METH_FASTCALL, nesting_depth_doc},
+    {"depth_checked", (PyCFunction)(void (*)(void))depth_checked, METH_FASTCALL, depth_checked_doc},
     {NULL, NULL, 0, NULL},
 };
 

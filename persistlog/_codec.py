@@ -83,6 +83,10 @@ def _nesting_depth(value: Any, limit: int) -> int:
     a C compiler: the same answer, without recursion, only slower."""
     if type(value) in _SCALARS:
         return 0
+    # The common record, a dict of scalars, without a walk (map and issuperset loop in C).
+    if type(value) is dict and limit > 0:
+        if _SCALARS.issuperset(map(type, value)) and _SCALARS.issuperset(map(type, value.values())):
+            return 1
     deepest = 0
     stack: list[Iterator[Any]] = []
     node = value
@@ -103,9 +107,10 @@ def _nesting_depth(value: Any, limit: int) -> int:
 
 
 try:
+    from ._cbor_json import depth_checked as _c_depth_checked
     from ._cbor_json import nesting_depth as _c_nesting_depth
-except ImportError:  # built without a C compiler (or before the function existed)
-    _c_nesting_depth = None
+except ImportError:  # built without a C compiler (or before the functions existed)
+    _c_depth_checked = _c_nesting_depth = None
 
 #: ``nesting_depth(value, limit)``: how many levels deep ``value`` nests, ``limit + 1``
 #: once deeper than ``limit``.
@@ -202,6 +207,21 @@ class Codec:
     def encoder(self, fp: Any) -> cbor2.CBOREncoder:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
         return cbor2.CBOREncoder(fp, default=self._default)
+
+    def record_encoder(self, fp: Any) -> Callable[[Any], Any]:
+        """``encode(record)`` writing to ``fp`` (the Log's batch buffer), which first
+        refuses with :class:`RecordTooDeep` a record nested deeper than
+        ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C where it is built."""
+        encode = self.encoder(fp).encode
+        if _c_depth_checked is not None:
+            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, RecordTooDeep)
+            return checked
+
+        def encode_checked(record: Any) -> Any:
+            check_depth(record)
+            return encode(record)
+
+        return encode_checked
 
     @property
     def names(self) -> Mapping[str, Callable[[Any], Any]]:
