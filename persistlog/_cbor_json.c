@@ -974,74 +974,36 @@ nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
 }
 
-/* depth_checked(): ``encode`` behind the depth check, as one callable, so that the
- * writer's hot path pays for one call, not two and a comparison. Its type is made on
- * first use, which keeps this block out of the module's initialisation. */
-
-#include <structmember.h> /* T_PYSSIZET, READONLY: in Python.h only from 3.12 on */
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *encode;
-    PyObject *error;
-    Py_ssize_t limit;
-} DepthChecked;
+/* depth_checked(): ``encode`` behind the depth check, as one builtin function whose
+ * ``self`` is the tuple (encode, limit, error), so that the writer's hot path pays for one
+ * call, and one the interpreter calls as fast as any builtin. */
 
 static PyObject *
-depth_checked_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
 {
-    DepthChecked *dc = (DepthChecked *)self;
-    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+    if (nargs != 1) {
         PyErr_SetString(PyExc_TypeError, "a depth-checked encoder takes one value");
         return NULL;
     }
-    Py_ssize_t depth = depth_of(args[0], dc->limit);
+    Py_ssize_t limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 1));
+    Py_ssize_t depth = depth_of(args[0], limit);
     if (depth < 0)
         return NULL;
-    if (depth > dc->limit) {
-        PyObject *exc = PyObject_CallNoArgs(dc->error);
+    if (depth > limit) {
+        PyObject *exc = PyObject_CallNoArgs(PyTuple_GET_ITEM(state, 2));
         if (exc != NULL) {
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);
         }
         return NULL;
     }
-    return PyObject_Vectorcall(dc->encode, args, 1, NULL);
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(state, 0), args, 1, NULL);
 }
 
-static void
-depth_checked_dealloc(PyObject *self)
-{
-    DepthChecked *dc = (DepthChecked *)self;
-    PyTypeObject *type = Py_TYPE(self);
-    Py_XDECREF(dc->encode);
-    Py_XDECREF(dc->error);
-    type->tp_free(self);
-    Py_DECREF(type); /* taken by PyObject_New: instances of a heap type hold their type */
-}
-
-static PyMemberDef depth_checked_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(DepthChecked, vectorcall), READONLY, NULL},
-    {NULL, 0, 0, 0, NULL},
+static PyMethodDef depth_checked_def = {
+    "encode_checked", (PyCFunction)(void (*)(void))depth_checked_call, METH_FASTCALL,
+    "encode_checked(value): encode(value), unless value nests too deep (then raise error()).",
 };
-
-static PyType_Slot depth_checked_slots[] = {
-    {Py_tp_dealloc, depth_checked_dealloc},
-    {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_members, depth_checked_members},
-    {0, NULL},
-};
-
-static PyType_Spec depth_checked_spec = {
-    "persistlog._cbor_json.DepthChecked",
-    sizeof(DepthChecked),
-    0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    depth_checked_slots,
-};
-
-static PyObject *depth_checked_type;
 
 PyDoc_STRVAR(depth_checked_doc,
 "depth_checked(encode, limit, error) -> callable\n\n"
@@ -1062,18 +1024,12 @@ depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (depth_limit_arg(args[1], &limit) < 0)
         return NULL;
-    if (depth_checked_type == NULL && (depth_checked_type = PyType_FromSpec(&depth_checked_spec)) == NULL)
+    PyObject *state = PyTuple_Pack(3, args[0], args[1], args[2]);
+    if (state == NULL)
         return NULL;
-    DepthChecked *dc = PyObject_New(DepthChecked, (PyTypeObject *)depth_checked_type);
-    if (dc == NULL)
-        return NULL;
-    dc->vectorcall = depth_checked_call;
-    Py_INCREF(args[0]);
-    dc->encode = args[0];
-    Py_INCREF(args[2]);
-    dc->error = args[2];
-    dc->limit = limit;
-    return (PyObject *)dc;
+    PyObject *checked = PyCFunction_NewEx(&depth_checked_def, state, NULL);
+    Py_DECREF(state);
+    return checked;
 }
 
 static PyMethodDef methods[] = {
