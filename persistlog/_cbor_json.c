@@ -990,7 +990,7 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
     if (depth < 0)
         return NULL;
     if (depth > limit) {
-        PyObject *exc = PyObject_CallNoArgs(PyTuple_GET_ITEM(state, 2));
+        PyObject *exc = PyObject_CallOneArg(PyTuple_GET_ITEM(state, 2), args[0]);
         if (exc != NULL) {
             PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
             Py_DECREF(exc);
@@ -1002,13 +1002,13 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef depth_checked_def = {
     "encode_checked", (PyCFunction)(void (*)(void))depth_checked_call, METH_FASTCALL,
-    "encode_checked(value): encode(value), unless value nests too deep (then raise error()).",
+    "encode_checked(value): encode(value), unless value nests too deep (then raise error(value)).",
 };
 
 PyDoc_STRVAR(depth_checked_doc,
 "depth_checked(encode, limit, error) -> callable\n\n"
 "A callable taking one value: if it nests deeper than ``limit`` (see nesting_depth),\n"
-"raises ``error()``; otherwise returns ``encode(value)``.");
+"raises ``error(value)``; otherwise returns ``encode(value)``.");
 
 static PyObject *
 depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)

@@ -46,9 +46,52 @@ class RecordTooDeep(ValueError):
     def __init__(self, what: str = "record") -> None:
         super().__init__(
             f"{what} not logged: it nests more than {MAX_RECORD_DEPTH} levels deep (lists, tuples, "
-            "dicts, sets and tags, registered classes' values included; a value that contains "
-            "itself does too)"
+            "dicts, sets and tags, registered classes' values included)"
         )
+
+
+class RecordContainsItself(TypeError):
+    """A value holds itself: no depth limit would let it be encoded (CBOR has no cycles)."""
+
+    def __init__(self, what: str = "record") -> None:
+        super().__init__(f"{what} not logged: it contains itself, and CBOR has no cycles")
+
+
+def too_deep(value: Any, what: str = "record") -> Exception:
+    """The error for ``value``, found nested deeper than ``MAX_RECORD_DEPTH``: TypeError if
+    it contains itself (:class:`RecordContainsItself`), else :class:`RecordTooDeep`."""
+    if _contains_itself(value, MAX_RECORD_DEPTH + 1):
+        return RecordContainsItself(what)
+    return RecordTooDeep(what)
+
+
+def _contains_itself(value: Any, limit: int, budget: int = 1_000_000) -> bool:
+    """Whether a container on a path at most ``limit`` deep holds itself; looks at no more
+    than ``budget`` values (shared sub-values are seen once per path)."""
+    path: list[int] = []
+    on_path: set[int] = set()
+    stack: list[Iterator[Any]] = []
+    node = value
+    while budget > 0:
+        budget -= 1
+        children = None if type(node) in _SCALARS else _children(node)
+        if children is not None:
+            if id(node) in on_path:
+                return True
+            if len(stack) > limit:
+                return False
+            stack.append(iter(children))
+            path.append(id(node))
+            on_path.add(id(node))
+        while stack:
+            node = next(stack[-1], _END)
+            if node is not _END:
+                break
+            stack.pop()
+            on_path.discard(path.pop())
+        else:
+            return False
+    return False
 
 
 _SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
@@ -118,13 +161,14 @@ nesting_depth: Callable[[Any, int], int] = _c_nesting_depth or _nesting_depth
 
 
 def check_depth(value: Any, what: str = "record", limit: int = MAX_RECORD_DEPTH) -> None:
-    """Raise :class:`RecordTooDeep` (a ValueError) if ``value`` nests deeper than ``limit``.
+    """Raise :class:`RecordTooDeep` (a ValueError) if ``value`` nests deeper than ``limit``
+    (TypeError if that is because it contains itself).
 
     cbor2's encoder recurses on the C stack without a guard, so a deep enough value would
     crash the interpreter instead of raising: every value is measured before it is encoded.
     """
     if nesting_depth(value, limit) > limit:
-        raise RecordTooDeep(what)
+        raise too_deep(value, what)
 
 
 class Codec:
@@ -214,7 +258,7 @@ class Codec:
         ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C where it is built."""
         encode = self.encoder(fp).encode
         if _c_depth_checked is not None:
-            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, RecordTooDeep)
+            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep)
             return checked
 
         def encode_checked(record: Any) -> Any:
@@ -290,7 +334,7 @@ def _unloggable(value: Any) -> str:
 def encode_error(exc: BaseException) -> Exception:
     """The error ``update()`` raises for a record cbor2 refused: a TypeError, or the
     ValueError of a record nested too deep."""
-    if isinstance(exc, RecordTooDeep):
+    if isinstance(exc, (RecordTooDeep, RecordContainsItself)):
         return exc
     if isinstance(exc, RecursionError):  # registered classes' encode functions recursing
         return RecordTooDeep()

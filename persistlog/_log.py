@@ -94,8 +94,8 @@ class Log(LogCore):
     Raises ``TypeError`` before anything is written if the record cannot be encoded.
     Limits, checked before anything is written (``ValueError``): a record encodes to at
     most 32 MiB, and nests at most 256 levels deep (lists, tuples, dicts, sets and tags
-    on its deepest path, with what a ``Codec``'s encode functions return counted in, so a
-    value that contains itself is refused too).
+    on its deepest path, with what a ``Codec``'s encode functions return counted in). A
+    value that contains itself raises ``TypeError``, as any value CBOR cannot hold.
     In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
     mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
     before this returns, sharing one fsync with concurrent callers.

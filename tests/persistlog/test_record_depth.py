@@ -111,13 +111,25 @@ def test_the_limit_is_exact(tmp_path: Path) -> None:
     assert got == [nested(LIMIT), nested(LIMIT)]
 
 
-def test_a_value_that_contains_itself_is_refused(tmp_path: Path) -> None:
+def test_a_value_that_contains_itself_is_a_type_error(tmp_path: Path) -> None:
+    """No depth would let a cycle be encoded: it is a value CBOR cannot hold (TypeError),
+    found without recursing, and told apart from a value that is only deep."""
     cyclic: list[Any] = []
-    cyclic.append(cyclic)
-    lg = persistlog.open(str(tmp_path / "log"), lambda emit: None)
-    with pytest.raises(ValueError, match="contains itself"):
-        lg.update({"k": cyclic})
+    cyclic.append([{"again": cyclic}])
+    shared = [1]
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None)
+    for bad in ({"k": cyclic}, nested(LIMIT - 2, lambda x: [x, cyclic])):
+        with pytest.raises(TypeError, match="contains itself"):
+            lg.update(bad)
+        with pytest.raises(TypeError, match="contains itself"):
+            lg.update_many([bad])
+    with pytest.raises(ValueError, match="levels deep"):
+        lg.update(nested(LIMIT + 1, lambda x: [x, shared]))  # deep, shared, no cycle
     lg.close()
+    got: list[Any] = []
+    persistlog.restore(url, got.append)
+    assert got == []
 
 
 @dataclasses.dataclass
