@@ -11,7 +11,8 @@
     ├── EnumerateError         the app's enumerate_all raised during a rotation
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
-    └── ResetRequired          a follower's cursor points at data retention already deleted
+    ├── ResetRequired          a follower's cursor points at data retention already deleted
+    └── ExistingLogError       open() over records nobody restored (restore first, or discard)
 
 Misuse of the API (wrong types, unknown options) raises the built-in ``TypeError`` or
 ``ValueError`` with a message that says what is wrong.
@@ -102,3 +103,14 @@ class MissingDependencyError(PersistLogError, ImportError):
 class ResetRequired(PersistLogError):
     """A follower cannot continue from its cursor (retention deleted what it needs, or the
     cursor is ahead of the log) and no ``on_reset`` hook was given."""
+
+
+class ExistingLogError(PersistLogError):
+    """``open()`` found records at the destination that this process did not restore.
+
+    Opening starts a new complete log from ``enumerate_all``; over records the app never
+    replayed, that log would say the state is empty and retention would then delete the
+    real one. Restore first (``open(url, enumerate_all, replay=...)``, or
+    ``restore(url, ...)`` then ``open(url, ...)`` with nothing written in between), or pass
+    ``discard_existing=True`` to start over on purpose.
+    """

@@ -168,10 +168,16 @@ class Follower:
 
     @property
     def error(self) -> BaseException | None:
-        """What stopped the background thread, if anything."""
+        """What stopped the background thread, if anything (``wait_caught_up()``, ``lag()``
+        and ``stop()`` raise it)."""
         return self._error
 
     def lag(self) -> Lag:
+        """How far behind the newest record seen this follower is.
+
+        Raises the error that stopped the background thread, if one did.
+        """
+        self._raise_error()
         applied = (self._cursor.next_lsn - 1) if self._cursor else 0
         records = max(0, self._seen_lsn - applied)
         seconds = max(0.0, (self._seen_commit_us - self._applied_commit_us) / 1e6) if records else 0.0
@@ -198,8 +204,19 @@ class Follower:
         )
 
     def wait_caught_up(self, timeout: float | None = None) -> bool:
-        """Block until a poll found nothing new (background mode)."""
-        return self._caught_up.wait(timeout)
+        """Block until a poll found nothing new (background mode); False on timeout.
+
+        Like ``Future.result()``, raises the error that stopped the background thread (the
+        app's own exception from ``replay``, or a :class:`PersistLogError`).
+        """
+        self._raise_error()
+        caught_up = self._caught_up.wait(timeout)
+        self._raise_error()
+        return caught_up
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def start(self) -> Follower:
         """Follow on a background thread."""
@@ -210,11 +227,16 @@ class Follower:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop following; the cursor stays valid for a later resume."""
+        """Stop following; the cursor stays valid for a later resume.
+
+        If an error stopped the background thread, it is raised once everything is let go
+        (leaving a ``with`` block raises it too, unless another exception is on its way).
+        """
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.dest.close()
+        self._raise_error()
 
     def __enter__(self) -> Follower:
         if self._thread is None:
@@ -224,7 +246,15 @@ class Follower:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        if exc is None:
+            self.stop()
+            return
+        try:
+            self.stop()
+        except BaseException as e:
+            if e is not self._error:
+                raise
+            log.debug("follower of %s had stopped on %r before %r", self.dest.url, e, exc)
 
     def __iter__(self) -> Iterator[FollowedBatch]:
         while not self._stop.is_set():
