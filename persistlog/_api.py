@@ -48,8 +48,10 @@ def restore(
 ) -> RestoreResult:
     """Replay the newest complete log at ``url`` and every newer one, in LSN order.
 
-    ``replay(record)`` is called once per record (or ``replay_batch(records)`` once per
-    batch). A torn tail left by a crash is dropped and reported in the result; any other
+    ``replay(record)`` is called once per record (or ``replay_batch(records)`` with lists
+    of records in LSN order: a stored batch comes as one list or several, slices that fit
+    in the CPU cache). The cyclic GC is paused while the logs are replayed: the records
+    decode acyclic, and only cycles the app makes meanwhile wait for it. A torn tail left by a crash is dropped and reported in the result; any other
     damage raises :class:`CorruptLogError` naming destination, log, segment and offset
     (``recovery="skip"`` passes over damage and lists it in ``result.skipped``). A missing
     or empty destination returns ``found=False`` (or raises :class:`LogNotFoundError` with

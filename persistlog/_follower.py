@@ -19,7 +19,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -30,8 +31,8 @@ from . import _format as F
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
-from ._reader import Batch, LogScanner
-from ._restore import plan, scan_from
+from ._reader import Batch, LogScanner, declares_gap, read_pointer
+from ._restore import gc_pause, plan, scan_from
 
 log = logging.getLogger("persistlog")
 
@@ -121,6 +122,7 @@ class Follower:
     Use it as a background thread (``start()``/``stop()`` or ``with``), or iterate it to
     drive your own loop: each item is a :class:`FollowedBatch` (already passed to
     ``replay``/``replay_batch`` if given), and iteration blocks until more arrives.
+    ``async for`` does the same from an event loop without blocking it.
     """
 
     def __init__(
@@ -158,6 +160,11 @@ class Follower:
         self._seen_commit_us = 0
         self._applied_commit_us = 0
         self._caught_up = threading.Event()
+        # A batch a replay raised in: ((log, segment, offset), records of it replayed).
+        self._partial: tuple[tuple[int, int, int], int] | None = None
+        # Whether FollowedBatch.records are gathered: only for an app iterating the
+        # follower, since holding a whole batch's records costs restore-like speed.
+        self._keep_records = True
 
     # -- public -------------------------------------------------------------------------
 
@@ -185,10 +192,14 @@ class Follower:
 
     def poll(self) -> int:
         """Apply whatever is new right now; returns the number of records applied."""
-        n = 0
-        for fb in self._poll_once():
-            n += len(fb.records)
-        return n
+        before = self.applied_records
+        self._keep_records = False
+        try:
+            for _fb in self._poll_once():
+                pass
+        finally:
+            self._keep_records = True
+        return self.applied_records - before
 
     def __repr__(self) -> str:
         if self._error is not None:
@@ -257,7 +268,11 @@ class Follower:
             log.debug("follower of %s had stopped on %r before %r", self.dest.url, e, exc)
 
     def __iter__(self) -> Iterator[FollowedBatch]:
+        return self._batches(keep_records=True)
+
+    def _batches(self, keep_records: bool) -> Iterator[FollowedBatch]:
         while not self._stop.is_set():
+            self._keep_records = keep_records
             got = False
             for fb in self._poll_once():
                 if not got:
@@ -268,11 +283,20 @@ class Follower:
                 self._caught_up.set()
                 self._stop.wait(self.poll_interval)
 
+    def __aiter__(self) -> AsyncIterator[FollowedBatch]:
+        """``async for batch in follower``: the same batches as iterating, with every read
+        on the loop's default executor and the waits between polls on the loop. ``replay``
+        or ``replay_batch``, if given, run on that executor's thread: an asyncio app
+        usually passes neither and applies ``batch.records`` in the loop's body."""
+        from ._async_follow import followed_batches  # asyncio only for asyncio apps
+
+        return followed_batches(self)
+
     # -- the loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            for _ in self:
+            for _ in self._batches(keep_records=False):
                 pass
         except BaseException as e:
             self._error = e
@@ -280,11 +304,23 @@ class Follower:
             self._caught_up.set()
 
     def _apply(self, batch: Batch, next_lsn: int, after: Cursor) -> FollowedBatch:
-        """Replay one batch; the cursor moves past it only once the app took it, so a
-        replay that raises gets the same batch again at the next poll."""
+        """Replay one batch, slice by slice; the cursor moves past it only once the app
+        took all of it, so a replay that raises gets the rest of the batch (from the
+        record it raised on) at the next poll."""
         kinds: Sequence[str]
+        records: list[Any] = []
+        where = (batch.log, batch.segment, batch.offset)
+        # Records of this batch a replay that raised already took: not given twice.
+        done = self._partial[1] if self._partial is not None and self._partial[0] == where else 0
         try:
-            records, kinds = batch.records_and_kinds(self._loads)
+            slices = batch.record_slices(self._loads)
+            kinds = slices.kinds()
+            for first, part in slices:
+                if first + len(part) > done:
+                    skip = max(0, done - first)
+                    self._replay_slice(part[skip:] if skip else part, where, first + skip)
+                if self._keep_records:
+                    records.extend(part)
         except Damage as d:
             # Checksums held but the records do not decode: corruption like any other.
             # (Skip mode passes over it: an empty batch, its LSNs not applied.)
@@ -296,12 +332,7 @@ class Follower:
             log.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
                         self.dest.url, batch.log, name, batch.offset, d.reason)
             records, kinds = [], []
-        if self._replay_batch is not None:
-            self._replay_batch(records)
-        elif self._replay is not None:
-            for r in records:
-                self._replay(r)
-        self.applied_records += len(records)
+        self._partial = None
         commit = batch.header.commit_us
         self._applied_commit_us = commit
         if next_lsn - 1 > self._seen_lsn:
@@ -309,6 +340,25 @@ class Follower:
             self._seen_commit_us = commit
         self._cursor = after
         return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after, kinds)
+
+    def _replay_slice(self, records: list[Any], where: tuple[int, int, int], before: int) -> None:
+        """Replay records of the batch at ``where`` that follow its first ``before``; if the
+        replay raises, remember how many it took, so that the batch (read again at the next
+        poll) resumes after them."""
+        self._partial = (where, before)
+        if self._replay_batch is not None:
+            self._replay_batch(records)
+        elif self._replay is not None:
+            replay = self._replay
+            i = 0
+            try:
+                for i, r in enumerate(records):
+                    replay(r)
+            except BaseException:
+                self._partial = (where, before + i)
+                self.applied_records += i
+                raise
+        self.applied_records += len(records)
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1
@@ -333,14 +383,17 @@ class Follower:
         self._at_end = False
         # Only an appended segment can be caught mid-write; objects are written whole.
         tail_ok = self.dest.appendable
-        for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
-            st = scanner.state
-            self._sealed = st.sealed
-            after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
-            if batch.is_control:
-                self._cursor = after
-            else:
-                yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
+        # Catching up is a restore, paused GC and all -- unless an app iterating us runs
+        # its own code between batches.
+        with nullcontext() if self._keep_records else gc_pause.during_replay():
+            for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
+                st = scanner.state
+                self._sealed = st.sealed
+                after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+                if batch.is_control:
+                    self._cursor = after
+                else:
+                    yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
         self._at_end = True
 
     def _reset(self, why: str) -> Iterator[FollowedBatch]:
@@ -350,6 +403,7 @@ class Follower:
         self.resets += 1
         self._on_reset()
         self._cursor = None
+        self._partial = None
         self._sealed = False
         yield from self._sync_from_start()
 
@@ -379,6 +433,13 @@ class Follower:
             seq, number = parsed
             if seq == cur.log and number == cur.segment + 1 and not self._sealed:
                 nxt = Cursor(seq, number, 0, cur.next_lsn)
+            elif (
+                number == 0
+                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and self._first_lsn(n) != cur.next_lsn))
+                and declares_gap(self.dest, [(0, n)])
+            ):
+                yield from self._after_gap(seq)
+                return
             elif seq == cur.log + 1 and number == 0:
                 first = None if self._sealed else self._first_lsn(n)
                 if first is not None and first != cur.next_lsn:
@@ -405,6 +466,16 @@ class Follower:
             self._cursor = nxt
             more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
             yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
+
+    def _after_gap(self, seq: int) -> Iterator[FollowedBatch]:
+        """Log ``seq`` follows a gap its writer left here (a secondary that was detached or
+        behind): our history cannot go on into it. Re-sync once a log from it on is
+        complete (CURRENT names it); until then there is nothing newer to apply."""
+        pointer = read_pointer(self.dest)
+        if pointer is not None and pointer >= seq:
+            yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
+        else:
+            self._at_end = True
 
     def _first_lsn(self, name: str) -> int | None:
         """The first LSN a segment's header names (None if damaged: the scan reports it)."""
@@ -458,6 +529,11 @@ def follow(
     """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
     records as they arrive.
 
+    ``replay_batch(records)`` gets lists of records in LSN order, as ``restore`` gives
+    them (a stored batch as one list or several). If a replay raises, the next poll goes
+    on from the record it raised on. Catching up from the newest complete log (no
+    cursor) pauses the cyclic GC as :func:`persistlog.restore` does, unless the app
+    iterates the follower itself.
     Nothing runs until you call ``start()`` (or enter ``with``), ``poll()``, or iterate.
     If retention deleted what the cursor needs, or the cursor is ahead of the log,
     ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the

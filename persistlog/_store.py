@@ -234,9 +234,11 @@ class ResourceStore(MutableMapping[Any, Any]):
         """Make every change so far durable."""
         self.log.sync()
 
-    def close(self) -> None:
+    def close(self, rotate: bool = False) -> None:
+        """Close the log; ``rotate=True`` first writes a fresh snapshot, so that the next
+        :meth:`open` replays just the live keys (see :meth:`persistlog.Log.close`)."""
         if self._log is not None:
-            self._log.close()
+            self._log.close(rotate=rotate)
 
     def __repr__(self) -> str:
         lg = self._log
