@@ -161,7 +161,9 @@ class Log(LogCore):
             retain=self._rotator.retain,
             flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
             lease_ttl=self._lease_ttl,
-            on_ready=self._secondary_ready,
+            # Weakly, like the Log's other threads: a Log nobody holds is collected (and
+            # warned about and sealed) even while its secondaries' threads run.
+            on_ready=_weak_call(weakref.WeakMethod(self._secondary_ready)),
         )
         replica.attach()
         return replica
@@ -349,6 +351,17 @@ class Log(LogCore):
             except (ValueError, TypeError):
                 pass
             self._signal = None
+
+
+def _weak_call(method: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
+    """A callable that calls ``method`` while its object is alive, and does nothing after."""
+
+    def call() -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 def open(

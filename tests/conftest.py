@@ -1,2 +1,17 @@
+from collections.abc import Iterator
+
+import pytest
+from crashsim import quiet_crash_threads
+
 # --- destinations fixtures (moto S3 server, clean memory://): see tests/conftest_s3.py ---
 from conftest_s3 import clean_memory_fs, moto_server, s3_bucket, s3_storage_options  # noqa: E402,F401
+
+
+@pytest.fixture(autouse=True)
+def _dead_threads_are_quiet() -> Iterator[None]:
+    """Threads of a simulated dead process (tests/crashsim.py) end with SimulatedCrash, in
+    any test that simulates a crash, and may do so after the crash itself returned;
+    anything else a thread raises is still reported (and fails the test under
+    filterwarnings=error)."""
+    with quiet_crash_threads():
+        yield

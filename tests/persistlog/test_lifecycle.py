@@ -204,8 +204,11 @@ def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str
         s.close()
 
 
-def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str) -> None:
-    lg = persistlog.open(log_dir, lambda emit: None, flush_interval=3600)
+@pytest.mark.parametrize("with_secondary", [False, True], ids=["alone", "with_secondary"])
+def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str, tmp_path: Any, with_secondary: bool) -> None:
+    # A secondary's thread must not keep the Log alive either.
+    secondaries = [str(tmp_path / "secondary")] if with_secondary else None
+    lg = persistlog.open(log_dir, lambda emit: None, flush_interval=3600, secondaries=secondaries)
     for i in range(10):
         lg.update(_put(i))  # buffered: only in the Log's memory
     ref = weakref.ref(lg)
@@ -218,6 +221,10 @@ def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str) -> N
     result = persistlog.restore(log_dir, records.append)
     assert records == [_put(i) for i in range(10)]
     assert is_sealed_log(log_dir, result.logs[-1])
+    if secondaries:
+        copied: list[Any] = []
+        persistlog.restore(secondaries[0], copied.append)
+        assert copied == records
     persistlog.open(log_dir, lambda emit: None, replay=lambda r: None).close()  # the lock is free
 
 

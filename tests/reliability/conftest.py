@@ -7,15 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 import relkit  # noqa: F401 - puts tests/ on sys.path for crashsim and faults
-from crashsim import quiet_crash_threads
-
-
-@pytest.fixture(autouse=True)
-def _dead_threads_are_quiet() -> Iterator[None]:
-    """Threads of a simulated dead process end with SimulatedCrash; anything else a thread
-    raises is still reported (and fails the test under filterwarnings=error)."""
-    with quiet_crash_threads():
-        yield
 
 
 @pytest.fixture(autouse=True)
