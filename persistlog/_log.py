@@ -15,7 +15,7 @@ from typing import Any
 
 from destinations import Destination, destination_url, open_destination
 
-from . import _exit
+from . import _encoder, _exit
 from . import _format as F
 from ._api import restore, restored_here
 from ._codec import Codec, check_depth
@@ -445,9 +445,11 @@ def open(
     codec = codec or Codec()
     check_depth(metadata, "metadata")
     try:
-        codec.encode(metadata)
+        # Exactly as the log header will hold it: plain CBOR, which every reader decodes
+        # without the app's codec, so a Codec-registered object cannot go in it.
+        _encoder.control_batch([{"metadata": metadata}], F.FIRST_LSN, 0)
     except Exception as e:
-        raise TypeError(f"metadata must be a loggable (CBOR) value: {e}") from None
+        raise TypeError(f"metadata must be a plain CBOR value (no Codec-registered objects): {e}") from None
     dest = _destination(url, storage_options)
     lg = Log(dest, settings, codec, metadata)
     if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:

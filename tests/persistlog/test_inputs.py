@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from typing import Any
 
@@ -212,3 +213,19 @@ def test_resource_store_update_is_one_batch_all_or_none(log_dir: str) -> None:
     assert batches == [1, 3, 2]  # "keep", then each update() whole
     state, _ = restore_state(log_dir)
     assert state == {"keep": 0, "a": 5, "b": 2, "c": 3, "d": 4}
+
+
+def test_metadata_holding_a_codec_registered_object_is_refused_before_anything_is_written(tmp_path: pathlib.Path) -> None:
+    # The log header holds metadata as plain CBOR (readers decode it without the codec).
+    codec = persistlog.Codec()
+
+    @codec.register("app.Meta")
+    @dataclasses.dataclass
+    class Meta:
+        n: int
+
+    url = tmp_path / "log"
+    with pytest.raises(TypeError, match="metadata must be a plain CBOR value"):
+        persistlog.open(url, lambda emit: None, codec=codec, metadata={"m": Meta(1)})
+    assert not url.exists() or not [p for p in url.iterdir() if p.suffix == ".plog"]
+    persistlog.open(url, lambda emit: None, codec=codec, metadata={"m": 1}).close()
