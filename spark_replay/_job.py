@@ -4,6 +4,7 @@
 
     python -m spark_replay URL --out DIR [--as-of-lsn N | --as-of-time T]
                            [--convention resource|raw] [--storage-option K=V ...]
+    python -m spark_replay URL --out DIR --follow [--checkpoint DIR] [--trigger SECONDS]
     spark-submit --master yarn .../spark_replay/__main__.py URL --out s3a://bucket/replay
 
 Run with plain ``python`` it starts a local Spark (``local[*]``) with no configuration;
@@ -28,6 +29,7 @@ log = logging.getLogger("spark_replay")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class JobError(Exception):
@@ -71,6 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery", choices=("strict", "skip"), default="strict", help="strict (default): corruption fails the job; skip: pass over it and write _corrupt/")
     p.add_argument("--max-partition-bytes", metavar="BYTES", help="log bytes per task (default 128m)")
     p.add_argument("--overwrite", action="store_true", help="replace existing output")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep going: append every new record to events/ as a streaming query until "
+        "interrupted (Ctrl-C); rerunning resumes where it stopped",
+    )
+    p.add_argument("--checkpoint", metavar="DIR", help="--follow: the query's checkpoint (default OUT/_checkpoint)")
+    p.add_argument(
+        "--trigger", type=float, default=1.0, metavar="SECONDS", help="--follow: seconds between micro-batches (default 1)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     return p
 
@@ -130,7 +142,7 @@ def _session() -> Any:
     return local_session()
 
 
-_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|ValueError|FileNotFoundError|PermissionError)): (.+)")
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
 
 
 def _explain(exc: BaseException) -> str:
@@ -228,6 +240,51 @@ def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
     )
 
 
+def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
+    """``--follow``: ``events/`` as a streaming query that appends every new record, from
+    the records a restore replays on, until interrupted. The checkpoint makes a rerun
+    resume after the last record written, with none twice."""
+    import json
+    import signal
+
+    if args.as_of_lsn is not None or args.as_of_time or args.key or args.op:
+        raise JobError("--follow writes events/ only: state options (--as-of-*, --key, --op) are for a batch run")
+    if args.logs != "all" or args.recovery != "strict" or args.overwrite:
+        raise JobError("--follow takes neither --logs, --recovery skip nor --overwrite: it resumes from its checkpoint")
+    if not args.trigger > 0:
+        raise JobError(f"--trigger must be a positive number of seconds, not {args.trigger}")
+    storage_options = parse_storage_options(args.storage_option)
+    out = args.out.rstrip("/")
+    checkpoint = args.checkpoint or f"{out}/_checkpoint"
+    reader = spark.readStream.format("persistlog").option("convention", args.convention)
+    if storage_options:
+        reader = reader.option("storage_options", json.dumps(storage_options))
+    if args.max_partition_bytes:
+        reader = reader.option("max_partition_bytes", args.max_partition_bytes)
+    query = (
+        reader.load(args.url)
+        .writeStream.format("parquet")
+        .partitionBy("log_seq")
+        .option("path", f"{out}/events")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{args.trigger} seconds")
+        .start()
+    )
+    stdout.write(f"following {args.url} into {out}/events (checkpoint {checkpoint}); Ctrl-C stops\n")
+    stdout.flush()
+    try:
+        # Short waits, so that Ctrl-C is seen between calls into the JVM.
+        while not query.awaitTermination(1.0):
+            pass
+    except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the stop short: the batch in flight is abandoned
+        # cleanly and redone by the next run.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        query.stop()
+        stdout.write(f"stopped following {args.url}; rerun the same command to resume\n")
+    return EXIT_OK
+
+
 def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | None = None) -> int:
     """Run the job; returns the exit status. ``spark`` reuses an existing session."""
     args = build_parser().parse_args(argv)
@@ -239,7 +296,14 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
         )
     try:
         session = spark or _session()
+        if args.follow:
+            if spark is None:
+                session.sparkContext.setLogLevel("ERROR")
+            return follow(args, session, stdout)
         summary = run(args, session, stdout)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return EXIT_INTERRUPTED
     except JobError as e:
         sys.stderr.write(f"error: {e}\n")
         return e.code
