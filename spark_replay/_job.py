@@ -240,19 +240,42 @@ def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
     )
 
 
-def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
-    """``--follow``: ``events/`` as a streaming query that appends every new record, from
-    the records a restore replays on, until interrupted. The checkpoint makes a rerun
-    resume after the last record written, with none twice."""
-    import json
-    import signal
-
+def check_follow_args(args: argparse.Namespace) -> None:
+    """Refuse what ``--follow`` cannot honour, before Spark starts."""
+    if not args.follow:
+        raise JobError("--checkpoint and --trigger are for --follow")
     if args.as_of_lsn is not None or args.as_of_time or args.key or args.op:
         raise JobError("--follow writes events/ only: state options (--as-of-*, --key, --op) are for a batch run")
     if args.logs != "all" or args.recovery != "strict" or args.overwrite:
         raise JobError("--follow takes neither --logs, --recovery skip nor --overwrite: it resumes from its checkpoint")
     if not args.trigger > 0:
         raise JobError(f"--trigger must be a positive number of seconds, not {args.trigger}")
+
+
+def _stop_between_batches(spark: Any, query: Any, wait: float = 30.0) -> None:
+    """Stop a query, after its micro-batch in flight if it ends within ``wait`` seconds.
+
+    Spark stops a query by interrupting it: a batch cut short is redone by the next run
+    (nothing is lost or written twice) but Spark logs the interruption with stack traces,
+    which are noise here, so its logging is off while it stops.
+    """
+    import time
+
+    deadline = time.monotonic() + wait
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spark.sparkContext.setLogLevel("OFF")
+    query.stop()
+
+
+def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
+    """``--follow``: ``events/`` as a streaming query that appends every new record, from
+    the records a restore replays on, until interrupted. The checkpoint makes a rerun
+    resume after the last record written, with none twice."""
+    import json
+    import signal
+    import threading
+
     storage_options = parse_storage_options(args.storage_option)
     out = args.out.rstrip("/")
     checkpoint = args.checkpoint or f"{out}/_checkpoint"
@@ -272,16 +295,18 @@ def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
     )
     stdout.write(f"following {args.url} into {out}/events (checkpoint {checkpoint}); Ctrl-C stops\n")
     stdout.flush()
+    # Ctrl-C only raises a flag: an exception raised inside a call into the JVM (PySpark's
+    # own handler) breaks the connection mid-call and buries the stop in stack traces.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
     try:
-        # Short waits, so that Ctrl-C is seen between calls into the JVM.
-        while not query.awaitTermination(1.0):
+        while not interrupted.is_set() and not query.awaitTermination(0.5):
             pass
-    except KeyboardInterrupt:
-        # A second Ctrl-C must not cut the stop short: the batch in flight is abandoned
-        # cleanly and redone by the next run.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        query.stop()
-        stdout.write(f"stopped following {args.url}; rerun the same command to resume\n")
+        if interrupted.is_set():
+            _stop_between_batches(spark, query)
+            stdout.write(f"stopped following {args.url}; rerun the same command to resume\n")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return EXIT_OK
 
 
@@ -294,7 +319,10 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
             level=logging.WARNING if args.quiet else logging.INFO,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
+        if args.follow or args.checkpoint or args.trigger != 1.0:
+            check_follow_args(args)
         session = spark or _session()
         if args.follow:
             if spark is None:
