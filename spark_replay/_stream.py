@@ -92,7 +92,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return ReadMaxBytes(self.opts.max_bytes)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # type: ignore[override]
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if start.get("waiting_for_log"):
             # The first log appeared: move to its start in an empty micro-batch, so that
             # where the stream starts is decided once and checkpointed.

@@ -174,3 +174,14 @@ def test_demo_proves_its_claims_with_small_sizes(tmp_path: Path, run_example: An
     ):
         assert claim in out
     assert "this demo proved" in out
+
+
+# -- live_table.py ------------------------------------------------------------------------
+
+
+def test_live_table_holds_every_record_once_across_a_restart(tmp_path: Path, run_example: Any) -> None:
+    proc = run_example("live_table.py", "--out", str(tmp_path), "--seconds", "8", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starting it again from" in proc.stdout
+    assert "every record exactly once: yes" in proc.stdout
+    assert "the table's state matches the store: yes" in proc.stdout
