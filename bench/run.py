@@ -18,6 +18,7 @@ from typing import Any
 import core
 import follower
 import s3
+import spark_stream
 from figures import Figure, info, save, table, vs_baseline
 from workload import Config, Scratch, scratch
 
@@ -32,6 +33,8 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
+    "spark": spark_stream.BENCHMARKS,
 }
 
 

@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,87 +57,28 @@ def _spark(s: Scratch) -> Any:
     return s.service("spark-stream-session", _session)
 
 
-def stream_latency(cfg: Config, s: Scratch) -> Sequence[Figure]:
-    import persistlog
-
-    spark = _spark(s)
-    url = s.fresh("stream-latency-log")
-    seconds = 10.0 if cfg.quick else 30.0
-    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
-    lg.update({"t": time.time(), "i": -1}, sync=True)
+def _foreach_batch_latencies(
+    s: Scratch, df: Any, name: str, age: Callable[[Any, float], float], warm_up: Callable[[], None],
+    workload: Callable[[], int | None],
+) -> tuple[list[float], int]:
+    """Run ``df`` into ``foreachBatch`` at a 500 ms trigger and note ``age(row, now)`` of
+    every row it hands over: after a warm-up (``warm_up()`` every 0.5 s until rows arrive:
+    the query's start, the executors' Python workers), during ``workload()``, and until
+    the number of rows it returns has arrived. Returns the ages and the micro-batch count."""
     latencies: list[float] = []
     batches: list[int] = []
     lock = threading.Lock()
 
-    def each(df: Any, batch_id: int) -> None:
-        rows = df.select("record").collect()
+    def each(frame: Any, batch_id: int) -> None:
+        rows = frame.collect()
         now = time.time()
         with lock:
             batches.append(len(rows))
-            latencies.extend(now - json.loads(r["record"])["t"] for r in rows if json.loads(r["record"])["i"] >= 0)
+            latencies.extend(age(r, now) for r in rows)
 
     query = (
-        spark.readStream.format("persistlog").option("startingPosition", "latest").load(url)
-        .writeStream.foreachBatch(each)
-        .option("checkpointLocation", s.fresh("stream-latency-checkpoint"))
-        .trigger(processingTime=TRIGGER)
-        .start()
-    )
-    try:
-        # Warm up: the first record to arrive starts the executors' Python workers.
-        lg.update({"t": time.time(), "i": -2}, sync=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with lock:
-                if sum(batches):
-                    break
-            time.sleep(0.1)
-        n = 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            lg.update({"t": time.time(), "i": n}, sync=True)
-            n += 1
-            time.sleep(0.05)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with lock:
-                if len(latencies) >= n:
-                    break
-            time.sleep(0.1)
-    finally:
-        query.stop()
-        lg.close()
-    if len(latencies) != n:
-        raise RuntimeError(f"the stream delivered {len(latencies)} of {n} records")
-    worst, p50 = max(latencies), statistics.median(latencies)
-    floor = _spark_floor(spark, s, seconds)
-    raw = {"records": n, "micro_batches": len(batches), "p90_s": round(sorted(latencies)[int(0.9 * n)], 3),
-           "rate_source_max_s": round(max(floor), 3), "rate_source_p50_s": round(statistics.median(floor), 3)}
-    log.info("stream latency: max %.3fs p50 %.3fs over %d records, %d micro-batches", worst, p50, n, len(batches))
-    return [
-        at_most("Spark stream latency, max (500 ms trigger)", "stream", worst, LATENCY_MAX_S, "s", raw=raw),
-        at_most("Spark stream latency, p50 (500 ms trigger)", "stream", p50, LATENCY_P50_S, "s"),
-        info("  Spark's own rate source, same sink: max", "stream", max(floor), "s"),
-        info("  Spark's own rate source, same sink: p50", "stream", statistics.median(floor), "s"),
-    ]
-
-
-def _spark_floor(spark: Any, s: Scratch, seconds: float) -> list[float]:
-    """The same measurement on Spark's built-in ``rate`` source (rows carry their
-    creation time): what a micro-batch costs on this machine whatever the source."""
-    latencies: list[float] = []
-    lock = threading.Lock()
-
-    def each(df: Any, batch_id: int) -> None:
-        rows = df.select("timestamp").collect()
-        now = time.time()
-        with lock:
-            latencies.extend(now - r["timestamp"].timestamp() for r in rows)
-
-    query = (
-        spark.readStream.format("rate").option("rowsPerSecond", 20).load()
-        .writeStream.foreachBatch(each)
-        .option("checkpointLocation", s.fresh("stream-rate-checkpoint"))
+        df.writeStream.foreachBatch(each)
+        .option("checkpointLocation", s.fresh(name))
         .trigger(processingTime=TRIGGER)
         .start()
     )
@@ -148,12 +89,66 @@ def _spark_floor(spark: Any, s: Scratch, seconds: float) -> list[float]:
                 if latencies:
                     latencies.clear()
                     break
+            warm_up()
+            time.sleep(0.5)
+        expected = workload()
+        deadline = time.monotonic() + 60
+        while expected is not None and time.monotonic() < deadline:
+            with lock:
+                if len(latencies) >= expected:
+                    break
             time.sleep(0.1)
-        time.sleep(seconds)
     finally:
         query.stop()
     with lock:
-        return list(latencies)
+        if expected is not None and len(latencies) != expected:
+            raise RuntimeError(f"the stream delivered {len(latencies)} of {expected} records")
+        return list(latencies), len(batches)
+
+
+def stream_latency(cfg: Config, s: Scratch) -> Sequence[Figure]:
+    import persistlog
+
+    spark = _spark(s)
+    url = s.fresh("stream-latency-log")
+    seconds = 10.0 if cfg.quick else 30.0
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
+
+    def write() -> int:
+        n = 0
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            lg.update({"t": time.time()}, sync=True)
+            n += 1
+            time.sleep(0.05)
+        return n
+
+    try:
+        # The starting position is fixed once the query runs: the warm-up writes until a
+        # record arrives.
+        df = spark.readStream.format("persistlog").option("startingPosition", "latest").load(url).select("record")
+        latencies, batches = _foreach_batch_latencies(
+            s, df, "stream-latency-checkpoint", lambda r, now: now - json.loads(r["record"])["t"],
+            lambda: lg.update({"t": time.time()}, sync=True), write,
+        )
+    finally:
+        lg.close()
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 20).load().select("timestamp")
+    floor, _ = _foreach_batch_latencies(
+        s, rate, "stream-rate-checkpoint", lambda r, now: now - r["timestamp"].timestamp(),
+        lambda: None, lambda: time.sleep(seconds),
+    )
+    worst, p50 = max(latencies), statistics.median(latencies)
+    raw = {"records": len(latencies), "micro_batches": batches,
+           "p90_s": round(sorted(latencies)[int(0.9 * len(latencies))], 3),
+           "rate_source_max_s": round(max(floor), 3), "rate_source_p50_s": round(statistics.median(floor), 3)}
+    log.info("stream latency: max %.3fs p50 %.3fs over %d records, %d micro-batches", worst, p50, len(latencies), batches)
+    return [
+        at_most("Spark stream latency, max (500 ms trigger)", "stream", worst, LATENCY_MAX_S, "s", raw=raw),
+        at_most("Spark stream latency, p50 (500 ms trigger)", "stream", p50, LATENCY_P50_S, "s"),
+        info("  Spark's own rate source, same sink: max", "stream", max(floor), "s"),
+        info("  Spark's own rate source, same sink: p50", "stream", statistics.median(floor), "s"),
+    ]
 
 
 def _write_logs(url: str, n: int, logs: int) -> None:
