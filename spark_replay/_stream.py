@@ -52,10 +52,11 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._tail: Tail | None = None
         self._walked: tuple[dict[str, Any], list[Mark]] | None = None
         self._until: Cursor | None = None
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only call read(): no live connection, no driver state.
-        return {"opts": self.opts, "_dest": None, "_tail": None, "_walked": None, "_until": None}
+        return {"opts": self.opts, "_dest": None, "_tail": None, "_walked": None, "_until": None, "_initial": None}
 
     @property
     def tail(self) -> Tail:
@@ -67,12 +68,17 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- offsets ----------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
-        start = self._start()
-        if start is None:
-            log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
-            return dict(WAITING)
-        log.info("stream of %s starts at %s (%s)", self.opts.read.url, start.cursor, self.opts.starting_position)
-        return start.offset()
+        # Spark asks more than once while it starts the first micro-batch: the answer must
+        # not move with the log meanwhile.
+        if self._initial is None:
+            start = self._start()
+            if start is None:
+                log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
+                self._initial = dict(WAITING)
+            else:
+                log.info("stream of %s starts at %s (%s)", self.opts.read.url, start.cursor, self.opts.starting_position)
+                self._initial = start.offset()
+        return dict(self._initial)
 
     def _start(self) -> Position | None:
         where = self.opts.starting_position

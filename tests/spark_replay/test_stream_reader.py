@@ -128,6 +128,20 @@ def test_starting_positions(tmp_path: Any) -> None:
     w.close()
 
 
+@pytest.mark.parametrize("where", ["latest", "restore", "earliest"])
+def test_the_initial_offset_does_not_move_while_the_query_starts(tmp_path: Any, where: str) -> None:
+    # Spark asks for it more than once before the first micro-batch.
+    url = str(tmp_path / "log")
+    w = Store(url, retain=1)
+    w.put(3)
+    reader = stream_reader(url, startingPosition=where)
+    first = reader.initialOffset()
+    w.put(2)
+    w.store.log.rotate()
+    assert reader.initialOffset() == first
+    w.close()
+
+
 def test_a_stream_waits_for_the_first_log(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
     reader = stream_reader(url)
