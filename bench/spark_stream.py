@@ -58,11 +58,11 @@ def _spark(s: Scratch) -> Any:
 
 
 def _foreach_batch_latencies(
-    s: Scratch, df: Any, name: str, age: Callable[[Any, float], float], warm_up: Callable[[], None],
+    s: Scratch, df: Any, name: str, age: Callable[[Any, float], float | None], warm_up: Callable[[], None],
     workload: Callable[[], int | None],
 ) -> tuple[list[float], int]:
     """Run ``df`` into ``foreachBatch`` at a 500 ms trigger and note ``age(row, now)`` of
-    every row it hands over: after a warm-up (``warm_up()`` every 0.5 s until rows arrive:
+    every row it hands over (None: a warm-up row): after a warm-up (``warm_up()`` every 0.5 s until rows arrive:
     the query's start, the executors' Python workers), during ``workload()``, and until
     the number of rows it returns has arrived. Returns the ages and the micro-batch count."""
     latencies: list[float] = []
@@ -74,7 +74,7 @@ def _foreach_batch_latencies(
         now = time.time()
         with lock:
             batches.append(len(rows))
-            latencies.extend(age(r, now) for r in rows)
+            latencies.extend(a for a in (age(r, now) for r in rows) if a is not None)
 
     query = (
         df.writeStream.foreachBatch(each)
@@ -106,6 +106,11 @@ def _foreach_batch_latencies(
         return list(latencies), len(batches)
 
 
+def _record_age(row: Any, now: float) -> float | None:
+    record = json.loads(row["record"])
+    return None if "warm_up" in record else now - float(record["t"])
+
+
 def stream_latency(cfg: Config, s: Scratch) -> Sequence[Figure]:
     import persistlog
 
@@ -128,8 +133,7 @@ def stream_latency(cfg: Config, s: Scratch) -> Sequence[Figure]:
         # record arrives.
         df = spark.readStream.format("persistlog").option("startingPosition", "latest").load(url).select("record")
         latencies, batches = _foreach_batch_latencies(
-            s, df, "stream-latency-checkpoint", lambda r, now: now - json.loads(r["record"])["t"],
-            lambda: lg.update({"t": time.time()}, sync=True), write,
+            s, df, "stream-latency-checkpoint", _record_age, lambda: lg.update({"warm_up": True}, sync=True), write,
         )
     finally:
         lg.close()
