@@ -130,7 +130,8 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return replace(restart, restored=True).offset()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._until = end_cursor(self.tail.dest)
+        # No log yet: nothing to read (a log appearing later is after the start).
+        self._until = end_cursor(self.tail.dest) or Cursor(0, 0, 0, 0)
 
     def commit(self, end: dict[str, Any]) -> None:
         if self._walked is not None and self._walked[0] != end and not _within(self._walked[1], end):

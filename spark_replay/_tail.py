@@ -163,7 +163,10 @@ class Tail:
         first = first_lsn(self.dest, name)
         if first is None:
             raise CorruptLogError("damaged segment header", destination=self.dest.url, log=seq, segment=name, offset=0)
-        return self.walk(Position(Cursor(seq, number, 0, first)))[-1].position
+        end = self.walk(Position(Cursor(seq, number, 0, first)))[-1].position
+        # The stream holds none of the history before this point: no row of it can
+        # rebuild the state from a log, whatever markers the walk passed.
+        return replace(end, base=None)
 
     def walk(
         self,
@@ -210,7 +213,8 @@ class Tail:
         except FileNotFoundError:
             return self._after_gap(pos)
         end, damaged = self._batches(pos, name, size, marks, limits)
-        if end < size and (following is not None or damaged):
+        # Objects never grow: what the walk could not take there is never "in progress".
+        if end < size and (following is not None or damaged or not self.dest.appendable):
             self._check_rest(marks[-1].position.cursor, name, final=following is not None)
         if following is None:
             return None
