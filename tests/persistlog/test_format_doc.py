@@ -1,0 +1,118 @@
+"""docs/FORMAT.md and persistlog/_format.py state the same numbers.
+
+The doc is the specification and the module its one copy in code: each test reads a
+number or a byte string out of the doc's text and holds the constant to it, so that a
+change to one without the other fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from persistlog import _format as F
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    """The text of the doc's ``## title`` section, up to the next ``## ``."""
+    m = re.search(rf"^## {re.escape(title)}.*?$(.*?)(?=^## |\Z)", DOC, re.M | re.S)
+    assert m is not None, f"FORMAT.md has no section {title!r}"
+    return m.group(1)
+
+
+def table_rows(text: str) -> list[tuple[int, int, str]]:
+    """``(offset, size, field)`` of each row of a byte-layout table."""
+    rows = []
+    for m in re.finditer(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(.*?)\s*\|$", text, re.M):
+        rows.append((int(m.group(1)), int(m.group(2)), m.group(3)))
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("title", "size"),
+    [
+        ("Segment header", F.SEGMENT_HEADER_SIZE),
+        ("Batch", F.BATCH_HEADER_SIZE),
+        ("Seal trailer", F.TRAILER_SIZE),
+        ("CURRENT", F.POINTER_SIZE),
+    ],
+)
+def test_layout_tables_are_contiguous_and_as_long_as_the_struct(title: str, size: int) -> None:
+    rows = table_rows(section(title))
+    assert rows, f"no layout table under {title!r}"
+    at = 0
+    for offset, width, field in rows:
+        assert offset == at, f"{title}: {field!r} starts at {offset}, the row before ends at {at}"
+        at += width
+    assert at == size
+    assert f"({size} bytes" in DOC or title == "Batch"  # the batch's title says "40-byte header"
+
+
+def test_batch_title_states_the_header_size() -> None:
+    assert f"## Batch ({F.BATCH_HEADER_SIZE}-byte header + payload)" in DOC
+
+
+def test_struct_fields_have_the_widths_the_tables_give() -> None:
+    # The CRC of each structure follows the struct; the tables list it as the last row.
+    for title, struct_ in (
+        ("Segment header", F.SEGMENT_HEADER),
+        ("Batch", F.BATCH_HEADER),
+        ("Seal trailer", F.TRAILER),
+        ("CURRENT", F.POINTER),
+    ):
+        rows = table_rows(section(title))
+        assert sum(width for _o, width, _f in rows[:-1]) == struct_.size, title
+        assert "CRC-32" in rows[-1][2], title
+
+
+def test_magics() -> None:
+    assert "`89 50 4C 4F 47 0D 0A 1A`" in DOC and F.SEGMENT_MAGIC == bytes.fromhex("89504C4F470D0A1A")
+    assert f"magic `{F.TRAILER_MAGIC.decode()}`" in DOC
+    assert f"magic `{F.POINTER_MAGIC.decode()}`" in DOC
+    assert f"marker `50 42` (`{F.BATCH_MARKER.decode()}`)" in DOC
+
+
+def test_flags() -> None:
+    flags = section("Batch")
+    assert "0 update, 1 snapshot, 2 mixed, 3 control" in flags
+    assert (F.KIND_UPDATE, F.KIND_SNAPSHOT, F.KIND_MIXED, F.KIND_CONTROL) == (0, 1, 2, 3)
+    assert F.KIND_MASK == 0b11 and "| 0-1   | kind" in flags
+    # Compression values sit in bits 2-3: value n is flag n << 2.
+    assert "0 none, 1 zlib stream" in flags and "2 zstd frame" in flags
+    assert (F.COMPRESSION_NONE, F.COMPRESSION_GZIP, F.COMPRESSION_ZSTD) == (0, 1 << 2, 2 << 2)
+    assert F.COMPRESSION_MASK == 0b1100 and "| 2-3   | compression" in flags
+    assert "| 4-15  | reserved" in flags and F.KNOWN_FLAGS == 0x000F
+
+
+def test_limits() -> None:
+    mib = F.MAX_BATCH_BYTES // (1024 * 1024)
+    assert f"(at most {mib} MiB)" in section("Batch")
+    assert f"{F.MAX_CBOR_DEPTH:,} containers deep" in section("Records")
+
+
+def test_names() -> None:
+    files = section("Files at a destination")
+    assert f"in {F.SEQ_DIGITS} decimal" in files
+    assert f"segment number in {F.SEGMENT_DIGITS}" in files
+    example = re.search(r"^(\d+-\d+\.plog)\s+log (\d+), segment (\d+)$", files, re.M)
+    assert example is not None
+    assert F.parse_segment_name(example.group(1)) == (int(example.group(2)), int(example.group(3)))
+    assert F.segment_name(int(example.group(2)), int(example.group(3))) == example.group(1)
+    assert f"`{F.CURRENT_NAME}`" in DOC or F.CURRENT_NAME in files
+
+
+def test_version_and_first_numbers() -> None:
+    assert f"format version, u16 = {F.FORMAT_VERSION}" in section("Segment header")
+    assert f"# persistlog format, version {F.FORMAT_VERSION}" in DOC
+    assert F.FIRST_LSN == 1 and "LSNs start at 1" in DOC
+    assert F.FIRST_SEQ == 1 and "Seqs start at 1" in DOC
+
+
+def test_control_record_names() -> None:
+    records = section("Records")
+    for name in (F.CONTROL_HEADER, F.CONTROL_COMPLETE, F.CONTROL_SEAL):
+        assert f"| `{name}`" in records
