@@ -215,7 +215,8 @@ class Tail:
         end, damaged = self._batches(pos, name, size, marks, limits)
         # Objects never grow: what the walk could not take there is never "in progress".
         if end < size and (following is not None or damaged or not self.dest.appendable):
-            self._check_rest(marks[-1].position.cursor, name, final=following is not None)
+            if self._check_rest(marks[-1].position.cursor, name, final=following is not None):
+                return None  # a batch landed as the walk read: walk it at the next poll
         if following is None:
             return None
         return self._enter(marks[-1].position, following)
@@ -343,10 +344,10 @@ class Tail:
                 destination=self.dest.url, log=seq, segment=name, offset=0,
             )
 
-    def _check_rest(self, cur: Cursor, name: str, *, final: bool) -> None:
+    def _check_rest(self, cur: Cursor, name: str, *, final: bool) -> bool:
         """Classify what the header walk could not take, by the follower's rules: a write
         in progress (waited for), a torn tail of a segment that became final (dropped), or
-        corruption (raised)."""
+        corruption (raised). True when a whole batch is there now."""
         following = [n for n, _ in next_segments(cur, False)]
         more = final and self._exists(following[0])
         scanner = LogScanner(
@@ -356,11 +357,12 @@ class Tail:
             more_segments=more,
         )
         for _batch in scanner:
-            return  # it reads now: the walk met a batch landing as it read
+            return True
         torn = scanner.state.torn
         if torn is not None:
             log.warning("dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
                         self.dest.url, cur.log, torn.length, torn.segment, torn.offset, torn.reason)
+        return False
 
     def _exists(self, name: str) -> bool:
         try:

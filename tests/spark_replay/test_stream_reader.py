@@ -13,10 +13,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from srhelpers import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
-from persistlog._errors import ResetRequired
+from persistlog._errors import CorruptLogError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
 from spark_replay._stream import PersistLogStreamReader
@@ -312,3 +313,40 @@ def test_idle_polls_on_s3_send_no_list(s3_bucket: str, s3_storage_options: dict[
     assert rows[-1]["lsn"] == w.last_lsn and len(rows) >= 8
     assert stats()["LIST"] == before["LIST"]
     w.close()
+
+
+def test_a_torn_tail_is_waited_on_then_dropped_when_a_new_log_follows(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url)
+    w.put(6)
+    w.close()
+    last = segment_paths(url)[-1]
+    unseal(last)  # as if the writer had died ...
+    with open(last, "rb") as f:
+        data = f.read()
+    offset, size, _kind = batch_spans(last)[-1]
+    with open(last, "ab") as f:
+        f.write(data[offset: offset + size // 2])  # ... halfway through a batch
+    reader = stream_reader(url, startingPosition="earliest")
+    end, rows = drain(reader, reader.initialOffset())
+    assert lsns(rows) == list(range(1, 7))
+    w = Store(url)  # restores (dropping the torn tail) and starts log 2 at LSN 7
+    w.put(2)
+    more = drain(reader, end)[1]
+    assert lsns(more)[0] == 7 and lsns(more)[-1] == w.last_lsn
+    assert lsns(more) == list(range(7, w.last_lsn + 1))
+    w.close()
+
+
+def test_damage_in_the_middle_of_a_segment_fails_the_stream(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url)
+    w.put(6)
+    w.close()
+    path = segment_paths(url)[-1]
+    offset, _size, _kind = batch_spans(path)[3]
+    flip_byte(path, offset + 20)
+    reader = stream_reader(url, startingPosition="earliest")
+    with pytest.raises(CorruptLogError) as e:
+        drain(reader, reader.initialOffset())
+    assert f"offset {offset}" in str(e.value) or str(offset) in str(e.value)
