@@ -66,6 +66,12 @@ class Store:
             self.n += 1
             self.store.log.sync()
 
+    def put_rotate_put(self, before: int, after: int) -> Store:
+        self.put(before)
+        self.store.log.rotate()
+        self.put(after)
+        return self
+
     @property
     def last_lsn(self) -> int:
         return int(self.store.log.next_lsn) - 1
@@ -80,10 +86,7 @@ def lsns(rows: list[dict[str, Any]]) -> list[int]:
 
 def test_restore_then_every_new_record_across_rotations_and_a_restart(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
-    w = Store(url)
-    w.put(30)
-    w.store.log.rotate()
-    w.put(10)
+    w = Store(url).put_rotate_put(30, 10)
     reader = stream_reader(url, convention="resource")
     start = reader.initialOffset()
     # restore: from the newest complete log, which a rotation just made.
@@ -106,10 +109,7 @@ def test_restore_then_every_new_record_across_rotations_and_a_restart(tmp_path: 
 
 def test_starting_positions(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
-    w = Store(url)
-    w.put(10)
-    w.store.log.rotate()
-    w.put(5)
+    w = Store(url).put_rotate_put(10, 5)
     earliest = stream_reader(url, startingPosition="earliest")
     _, rows = drain(earliest, earliest.initialOffset())
     assert lsns(rows) == list(range(1, w.last_lsn + 1))
