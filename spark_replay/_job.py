@@ -310,6 +310,31 @@ def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
     return EXIT_OK
 
 
+def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
+    """The job with ``--follow``: arguments checked before Spark starts, failures in one
+    line, an interrupted start-up stopped without a trace."""
+    try:
+        check_follow_args(args)
+        session = spark
+        if session is None:
+            session = _session()
+            # A query that fails is reported in one line (below), not as Spark's traces.
+            session.sparkContext.setLogLevel("FATAL")
+        return follow(args, session, stdout)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return EXIT_INTERRUPTED
+    except (JobError, ValueError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return e.code if isinstance(e, JobError) else EXIT_USAGE
+    except Exception as e:
+        if not type(e).__module__.startswith(("pyspark", "py4j")):
+            raise
+        sys.stderr.write(f"error: {_explain(e)}\n")
+        log.debug("Spark failure", exc_info=True)
+        return EXIT_FAILED
+
+
 def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | None = None) -> int:
     """Run the job; returns the exit status. ``spark`` reuses an existing session."""
     args = build_parser().parse_args(argv)
@@ -320,18 +345,11 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         logging.getLogger("py4j").setLevel(logging.WARNING)
+    if args.follow or args.checkpoint or args.trigger != 1.0:
+        return follow_main(args, spark, stdout)
     try:
-        if args.follow or args.checkpoint or args.trigger != 1.0:
-            check_follow_args(args)
         session = spark or _session()
-        if args.follow:
-            if spark is None:
-                session.sparkContext.setLogLevel("ERROR")
-            return follow(args, session, stdout)
         summary = run(args, session, stdout)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return EXIT_INTERRUPTED
     except JobError as e:
         sys.stderr.write(f"error: {e}\n")
         return e.code
