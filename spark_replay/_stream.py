@@ -25,7 +25,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from destinations import Destination, open_destination
-from persistlog._errors import ResetRequired
+from persistlog._errors import LogNotFoundError, ResetRequired
 from persistlog._follower import Cursor
 
 from ._options import StreamOptions
@@ -72,6 +72,12 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # not move with the log meanwhile.
         if self._initial is None:
             start = self._start()
+            if start is None and not self.tail.dest.exists():
+                # A mistyped path must not wait forever for a log that will never come.
+                raise LogNotFoundError(
+                    f"no persistlog log at {self.opts.read.url} (the location does not exist); "
+                    "check the path given to load()"
+                )
             if start is None:
                 log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
                 self._initial = dict(WAITING)

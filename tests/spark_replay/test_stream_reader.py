@@ -17,7 +17,7 @@ from srhelpers import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
-from persistlog._errors import CorruptLogError, ResetRequired
+from persistlog._errors import CorruptLogError, LogNotFoundError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
 from spark_replay._stream import PersistLogStreamReader
@@ -147,7 +147,10 @@ def test_the_initial_offset_does_not_move_while_the_query_starts(tmp_path: Any, 
 
 
 def test_a_stream_waits_for_the_first_log(tmp_path: Any) -> None:
+    with pytest.raises(LogNotFoundError, match="does not exist"):
+        stream_reader(str(tmp_path / "mistyped")).initialOffset()
     url = str(tmp_path / "log")
+    os.mkdir(url)  # a service about to write its first log
     reader = stream_reader(url)
     start = reader.initialOffset()
     assert micro_batch(reader, start)[0] == start
