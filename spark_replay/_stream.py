@@ -56,7 +56,10 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only call read(): no live connection, no driver state.
-        return {"opts": self.opts, "_dest": None, "_tail": None, "_walked": None, "_until": None, "_initial": None}
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
 
     @property
     def tail(self) -> Tail:
