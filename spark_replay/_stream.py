@@ -28,14 +28,14 @@ from destinations import Destination, open_destination
 from persistlog._errors import LogNotFoundError, ResetRequired
 from persistlog._follower import Cursor
 
-from ._options import StreamOptions
+from ._options import STARTING_POSITIONS, StreamOptions
 from ._plan import LogPartition, split_bytes
 from ._tail import Mark, Position, Tail, earliest_position, end_cursor, restore_position
 
 log = logging.getLogger("spark_replay")
 
-#: The offset of a stream that found no log yet: it starts at the first one that appears.
-WAITING: dict[str, Any] = {"waiting_for_log": True}
+#: The key of the initial offset, which names where the stream starts (see initialOffset).
+STARTING = "startingPosition"
 
 
 class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -52,7 +52,6 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._tail: Tail | None = None
         self._walked: tuple[dict[str, Any], list[Mark]] | None = None
         self._until: Cursor | None = None
-        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only call read(): no live connection, no driver state.
@@ -71,26 +70,23 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- offsets ----------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
-        # Spark asks more than once while it starts the first micro-batch: the answer must
-        # not move with the log meanwhile.
-        if self._initial is None:
-            start = self._start()
-            if start is None and not self.tail.dest.exists():
-                # A mistyped path must not wait forever for a log that will never come.
-                raise LogNotFoundError(
-                    f"no persistlog log at {self.opts.read.url} (the location does not exist); "
-                    "check the path given to load()"
-                )
-            if start is None:
-                log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
-                self._initial = dict(WAITING)
-            else:
-                log.info("stream of %s starts at %s (%s)", self.opts.read.url, start.cursor, self.opts.starting_position)
-                self._initial = start.offset()
-        return dict(self._initial)
-
-    def _start(self) -> Position | None:
+        # Spark does not checkpoint where the first micro-batch starts: it asks again after
+        # a restart, when restore, earliest and latest mean other places. So the initial
+        # offset only names the choice; the first micro-batch (empty) moves to the place it
+        # means then, and that end is checkpointed.
         where = self.opts.starting_position
+        if where not in STARTING_POSITIONS:
+            return Position(_parse_cursor(where)).offset()
+        if not self.tail.dest.exists():
+            # A mistyped path must not wait forever for a log that will never come.
+            raise LogNotFoundError(
+                f"no persistlog log at {self.opts.read.url} (the location does not exist); "
+                "check the path given to load()"
+            )
+        return {STARTING: where}
+
+    def _start(self, where: str) -> Position | None:
+        """Where ``restore``, ``earliest`` or ``latest`` is now (None: no log yet)."""
         dest = self.tail.dest
         if where == "restore":
             return restore_position(dest)
@@ -98,7 +94,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return earliest_position(dest)
         if where == "latest":
             return self.tail.latest_position()
-        return Position(_parse_cursor(where))
+        raise ValueError(f"not a starting position: {where!r}")
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_records is not None:
@@ -108,11 +104,13 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        if start.get("waiting_for_log"):
-            # The first log appeared: move to its start in an empty micro-batch, so that
-            # where the stream starts is decided once and checkpointed.
-            first = self._start()
-            return start if first is None else first.offset()
+        if STARTING in start:
+            first = self._start(str(start[STARTING]))
+            if first is None:
+                log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
+                return start
+            log.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])
+            return first.offset()
         max_records = max_bytes = None
         if not isinstance(limit, ReadAllAvailable):
             # Spark passes the limit getDefaultReadLimit() made; both options apply.
@@ -154,7 +152,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     # -- planning and reading ---------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if start.get("waiting_for_log") or end.get("restored") or start == end:
+        if STARTING in start or end.get("restored") or start == end:
             return []
         marks = self._marks(start, end)
         return stream_partitions(marks, self.opts)

@@ -41,6 +41,15 @@ def micro_batch(reader: PersistLogStreamReader, start: dict[str, Any], limit: An
     return end, rows, len(parts)
 
 
+def first_position(reader: PersistLogStreamReader) -> dict[str, Any]:
+    """Where the stream starts: the end of its first micro-batch, which moves (reading
+    nothing) from the initial offset to the place ``startingPosition`` means now."""
+    initial = reader.initialOffset()
+    end, rows, parts = micro_batch(reader, initial)
+    assert rows == [] and parts == 0
+    return end
+
+
 def drain(reader: PersistLogStreamReader, start: dict[str, Any], limit: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Triggers until nothing is new; every row, in order."""
     rows: list[dict[str, Any]] = []
@@ -88,7 +97,7 @@ def test_restore_then_every_new_record_across_rotations_and_a_restart(tmp_path: 
     url = str(tmp_path / "log")
     w = Store(url).put_rotate_put(30, 10)
     reader = stream_reader(url, convention="resource")
-    start = reader.initialOffset()
+    start = first_position(reader)
     # restore: from the newest complete log, which a rotation just made.
     assert start["log"] == 2
     end, rows = drain(reader, start)
@@ -115,7 +124,7 @@ def test_starting_positions(tmp_path: Any) -> None:
     assert lsns(rows) == list(range(1, w.last_lsn + 1))
     assert all(r["base_log"] == 1 for r in rows if r["log_seq"] == 1)  # the first log ever
     latest = stream_reader(url, startingPosition="latest")
-    at = latest.initialOffset()
+    at = first_position(latest)
     assert drain(latest, at)[1] == []
     before = w.last_lsn
     w.put(3)
@@ -126,6 +135,7 @@ def test_starting_positions(tmp_path: Any) -> None:
     cursor = f"{at['log']}:{at['segment']}:{at['offset']}:{at['next_lsn']}"
     for given in (cursor, json.dumps({k: at[k] for k in ("log", "segment", "offset", "next_lsn")})):
         r = stream_reader(url, startingPosition=given)
+        assert r.initialOffset() == at  # a cursor is a place already
         assert lsns(drain(r, r.initialOffset())[1]) == [before + 1, before + 2, before + 3]
     with pytest.raises(ValueError, match="startingPosition"):
         stream_reader(url, startingPosition="yesterday").initialOffset()
@@ -133,16 +143,23 @@ def test_starting_positions(tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize("where", ["latest", "restore", "earliest"])
-def test_the_initial_offset_does_not_move_while_the_query_starts(tmp_path: Any, where: str) -> None:
-    # Spark asks for it more than once before the first micro-batch.
+def test_a_query_restarted_before_its_first_commit_starts_where_it_first_did(tmp_path: Any, where: str) -> None:
+    # Spark checkpoints where micro-batches end, not where the first one starts: after a
+    # restart it asks for the initial offset again, when the log has moved on.
     url = str(tmp_path / "log")
-    w = Store(url, retain=1)
+    w = Store(url)
     w.put(3)
     reader = stream_reader(url, startingPosition=where)
-    first = reader.initialOffset()
+    initial = reader.initialOffset()
+    begun = reader.latestOffset(initial, ReadAllAvailable())
     w.put(2)
-    w.store.log.rotate()
-    assert reader.initialOffset() == first
+    end = reader.latestOffset(begun, ReadAllAvailable())
+    rows = [r for p in reader.partitions(begun, end) for b in reader.read(p) for r in b.to_pylist()]
+    w.store.log.rotate()  # restore, earliest and latest now mean other places
+    again = stream_reader(url, startingPosition=where)
+    assert again.initialOffset() == initial and again.partitions(initial, begun) == []
+    assert [r for p in again.partitions(begun, end) for b in again.read(p) for r in b.to_pylist()] == rows
+    assert rows
     w.close()
 
 
@@ -173,7 +190,7 @@ def test_admission_control(tmp_path: Any, limit: str) -> None:
     else:
         reader = stream_reader(url, startingPosition="earliest", maxBytesPerTrigger=1000)
         assert reader.getDefaultReadLimit() == ReadMaxBytes(1000)
-    start = reader.initialOffset()
+    start = first_position(reader)
     sizes, rows = [], []
     while True:
         end, got, _ = micro_batch(reader, start)
@@ -189,7 +206,7 @@ def test_admission_control(tmp_path: Any, limit: str) -> None:
         assert 1 < len(sizes) < 60 and max(sizes) < 60
     # Spark asks for everything (Trigger.AvailableNow, ReadAllAvailable): the limit is off.
     reader = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=7)
-    assert len(micro_batch(reader, reader.initialOffset(), ReadAllAvailable())[1]) == 60
+    assert len(micro_batch(reader, first_position(reader), ReadAllAvailable())[1]) == 60
     w.close()
 
 
@@ -214,7 +231,7 @@ def test_a_micro_batch_is_split_at_batch_boundaries(tmp_path: Any) -> None:
         lg.update({"i": i, "pad": os.urandom(1000).hex()}, sync=i % 10 == 9)
     lg.close()
     reader = stream_reader(url, startingPosition="earliest", max_partition_bytes="1m")
-    end, rows, parts = micro_batch(reader, reader.initialOffset())
+    end, rows, parts = micro_batch(reader, first_position(reader))
     assert parts >= 3  # over 3 MiB of log at 1 MiB a partition
     assert lsns(rows) == list(range(1, 3001))
     assert micro_batch(reader, end)[0] == end
@@ -360,7 +377,7 @@ def test_a_restarted_query_plans_the_micro_batch_its_checkpoint_left_unfinished(
     url = str(tmp_path / "log")
     w = Store(url, segment_bytes=4096).put_rotate_put(40, 30)
     first = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=50, max_partition_bytes="64k")
-    start = first.initialOffset()
+    start = first_position(first)
     end, rows, _ = micro_batch(first, start)
     # The query died after checkpointing [start, end) but before committing it: a new
     # driver plans the same range without having walked it.
