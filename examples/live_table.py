@@ -29,7 +29,8 @@ class DemoWriter(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.store = persistlog.ResourceStore.open(url, rotate_bytes=None)
+        # Retention must leave a stopped query the logs it has not read yet: keep plenty.
+        self.store = persistlog.ResourceStore.open(url, rotate_bytes=None, retain=20)
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -40,7 +41,7 @@ class DemoWriter(threading.Thread):
                 self.store.pop(key, None)
             else:
                 self.store[key] = {"hits": self.store.get(key, {"hits": 0})["hits"] + 1}
-            if i % 120 == 119:
+            if i % 200 == 199:
                 self.store.log.rotate()
             i += 1
             time.sleep(0.025)
