@@ -6,10 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test bench soak reliability lint clean
 
-$(STAMP): setup.cfg setup.py pyproject.toml persistlog/_cbor_json.c
+$(STAMP): Makefile setup.cfg setup.py pyproject.toml persistlog/_cbor_json.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,s3,spark,zstd]'
+	# compat: a plain path entry in a .pth, which mypy follows for users' scripts (PEP 561);
+	# the default editable mode installs an import hook that type checkers cannot see.
+	$(PY) -m pip install --quiet -e '.[test,s3,spark,zstd]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -20,10 +20,11 @@ exceptions only (plus :class:`LockHeld`, a ``BlockingIOError``).
 
 from __future__ import annotations
 
+import os as _os
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
-from ._registry import available, driver_for, register, split_protocol, with_hint
+from ._registry import available, destination_url, driver_for, register, split_protocol, with_hint
 
 __all__ = [
     "AppendFile",
@@ -31,24 +32,27 @@ __all__ = [
     "LockHeld",
     "WriterLock",
     "available",
+    "destination_url",
     "open_destination",
     "register",
 ]
 
 
-def open_destination(url: str, **storage_options: Any) -> Destination:
+def open_destination(url: str | _os.PathLike[str], **storage_options: Any) -> Destination:
     """Build the destination for ``url``, choosing the driver from its protocol.
 
-    Raises ``ValueError`` for an unknown protocol (naming the nearest known one) and
+    ``url`` is a string or any ``os.PathLike`` (a ``pathlib.Path``); another type is a
+    ``TypeError``, an empty string a ``ValueError``. Raises ``ValueError`` for an unknown
+    protocol (naming the nearest known one) and
     ``ImportError`` with an install hint when the driver's dependencies are missing
     (``s3://`` needs ``pip install 'persistlog[s3]'``). Nothing is created: call
     :meth:`Destination.ensure` to make the directory.
     """
-    if not isinstance(url, str) or not url:
-        raise ValueError(f"destination URL must be a non-empty string, not {url!r}")
+    url = destination_url(url)
     protocol, _ = split_protocol(url)
     cls, hint = driver_for(protocol)
     try:
         return cls(url, storage_options)
     except ImportError as e:
         raise ImportError(with_hint(str(e), hint, protocol)) from e
+

@@ -9,6 +9,7 @@ is the only module-level mutable state of the package; it is exposed read-only t
 from __future__ import annotations
 
 import difflib
+import os
 import importlib
 import threading
 from types import MappingProxyType
@@ -141,3 +142,23 @@ def _normalise(protocol: str) -> str:
     if not protocol or not protocol.replace("+", "").replace("-", "").replace(".", "").isalnum():
         raise ValueError(f"not a URL protocol: {protocol!r}")
     return protocol
+
+
+def destination_url(url: str | os.PathLike[str]) -> str:
+    """``url`` as the string every driver takes: a ``str`` as it is, an ``os.PathLike``
+    (``pathlib.Path``...) through ``os.fspath``.
+
+    ``TypeError`` for any other type (bytes paths included), ``ValueError`` for an empty
+    URL.
+    """
+    if not isinstance(url, str):
+        fspath = getattr(type(url), "__fspath__", None)
+        text = fspath(url) if fspath is not None else None
+        if not isinstance(text, str):
+            raise TypeError(
+                f"a destination URL must be a str or an os.PathLike such as pathlib.Path, not {type(url).__name__}"
+            )
+        url = text
+    if not url:
+        raise ValueError("a destination URL must not be empty")
+    return url

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, TypeVar
 
-logger = logging.getLogger(__name__)
+# Under the persistlog hierarchy: one logger ("persistlog") silences or raises all of it.
+logger = logging.getLogger("persistlog." + __name__)
 
 T = TypeVar("T")
 

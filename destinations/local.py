@@ -25,7 +25,8 @@ from ._names import check_name, is_temp_name, temp_name
 from ._owner import describe_holder, owner_record
 from ._registry import split_protocol
 
-logger = logging.getLogger(__name__)
+# Under the persistlog hierarchy: one logger ("persistlog") silences or raises all of it.
+logger = logging.getLogger("persistlog." + __name__)
 
 #: Name of the lock file inside a local destination.
 LOCK_NAME = "LOCK"

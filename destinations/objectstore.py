@@ -43,7 +43,8 @@ from ._owner import describe_holder, owner_record, parse_record
 from ._registry import split_protocol
 from ._retry import RetryPolicy, is_transient
 
-logger = logging.getLogger(__name__)
+# Under the persistlog hierarchy: one logger ("persistlog") silences or raises all of it.
+logger = logging.getLogger("persistlog." + __name__)
 
 T = TypeVar("T")
 

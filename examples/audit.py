@@ -1,7 +1,7 @@
 """Audit a persistlog log in Spark: who changed what, when, and the state at any moment.
 
     python examples/audit.py                        # writes a small demo log first
-    python examples/audit.py /var/lib/app/state --key '"user:7"'
+    python examples/audit.py /var/lib/app/state --key user:7
     python examples/audit.py s3://bucket/app/log --storage-option key=... --storage-option secret=...
 
 It reads every retained log of a ``persistlog.ResourceStore`` (records ``{"op", "key",
@@ -13,7 +13,9 @@ It reads every retained log of a ``persistlog.ResourceStore`` (records ``{"op", 
 3. the live resources at the middle of the retained history and now, and which keys
    appeared and disappeared in between (``spark_replay.state``).
 
-Keys and values are JSON text (``docs/JSON.md``): ``"user:7"`` is the string key user:7.
+The ``key`` column shows a string key as itself (``user:7``) and other keys as JSON text;
+``key_json`` tells every key apart (``1`` from ``"1"``) and values are JSON text
+(``docs/JSON.md``).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url", nargs="?", help="a ResourceStore log (default: write a demo log)")
-    parser.add_argument("--key", help='the key to trace, as JSON text (default: the busiest key)')
+    parser.add_argument("--key", help="the key to trace, as the key column shows it (default: the busiest key)")
     parser.add_argument("--storage-option", action="append", default=[], metavar="K=V")
     parser.add_argument("--updates", type=int, default=600, help="size of the demo log")
     args = parser.parse_args(argv)
@@ -97,11 +99,12 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     print("3. live resources, then and now")
     replayable = df.filter(F.col("base_log").isNotNull()).agg(F.min("lsn"), F.max("lsn")).first()
     middle = (replayable[0] + replayable[1]) // 2
-    then = spark_replay.state(df, as_of_lsn=middle).select("key", "value")
-    now = spark_replay.state(df).select("key", "value")
+    then = spark_replay.state(df, as_of_lsn=middle).select("key", "key_json", "value")
+    now = spark_replay.state(df).select("key", "key_json", "value")
     print(f"as of LSN {middle}: {then.count()} keys; now (LSN {replayable[1]}): {now.count()} keys")
-    gone = then.join(now, "key", "left_anti").orderBy("key")
-    new = now.join(then, "key", "left_anti").orderBy("key")
+    # Joined on the lossless key: "key" alone shows 1 and "1" alike.
+    gone = then.join(now, "key_json", "left_anti").orderBy("key")
+    new = now.join(then, "key_json", "left_anti").orderBy("key")
     print(f"deleted since: {[r['key'] for r in gone.collect()]}")
     print(f"created since: {[r['key'] for r in new.collect()]}")
     df.unpersist()

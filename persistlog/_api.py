@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from ._restore import RestoreResult, restore_from
 
 
 def restore(
-    url: str,
+    url: str | os.PathLike[str],
     replay: Callable[[Any], Any] | None = None,
     *,
     replay_batch: Callable[[list[Any]], Any] | None = None,

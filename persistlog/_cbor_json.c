@@ -353,6 +353,9 @@ enum { SPAN_OP, SPAN_KEY, SPAN_VALUE, SPANS };
 typedef struct {
     Py_ssize_t start[SPANS];
     Py_ssize_t end[SPANS];
+    /* The key's own UTF-8 bytes (in the input) when it is a text string, else NULL. */
+    const unsigned char *key_text;
+    Py_ssize_t key_len;
 } Spans;
 
 static int
@@ -418,10 +421,20 @@ map_body(In *in, Out *o, uint64_t pairs, int depth, Spans *spans)
         int which = spans != NULL && !escape ? span_of(s, n) : -1;
         if (which >= 0)
             spans->start[which] = o->len;
+        const unsigned char *value_at = in->p;
         if ((rc = item(in, o, depth + 1, NULL)) != OK)
             break;
         if (which >= 0)
             spans->end[which] = o->len;
+        if (which == SPAN_KEY) {
+            /* A definite-length text key (item() checked its UTF-8): its bytes are the
+             * item's last ones, after a head of 1, 2, 3, 5 or 9 bytes. */
+            int info = value_at[0] & 0x1f;
+            int text = (value_at[0] >> 5) == 3 && info < 28;
+            Py_ssize_t head = info < 24 ? 1 : (Py_ssize_t)1 + ((Py_ssize_t)1 << (info - 24));
+            spans->key_text = text ? value_at + head : NULL;
+            spans->key_len = text ? (Py_ssize_t)(in->p - value_at - head) : 0;
+        }
     }
     if (keys != small)
         PyMem_Free(keys);
@@ -561,9 +574,11 @@ column_result(Column *c, Py_ssize_t count)
                          (Py_ssize_t)((count + 7) / 8));
 }
 
-/* The op, key and value of one record, read as ResourceStore replays it: a put has a key
- * and a value, a del a key (a missing one is null, as dict.get gives); anything else has
- * none of the three. */
+/* The op, key, key_json and value of one record, read as ResourceStore replays it: a put
+ * has a key and a value, a del a key (a missing one is null, as dict.get gives); anything
+ * else has none of them. ``key`` is a text key itself, any other key's JSON text. */
+enum { COL_OP, COL_KEY, COL_KEY_JSON, COL_VALUE, RESOURCE_COLS };
+
 static int
 resource_row(Column *cols, Py_ssize_t i, const Out *o, const Spans *sp)
 {
@@ -572,10 +587,10 @@ resource_row(Column *cols, Py_ssize_t i, const Out *o, const Spans *sp)
     int del = os >= 0 && oe - os == 5 && memcmp(o->buf + os, "\"del\"", 5) == 0;
     int rc;
     if (put || del) {
-        if (out_put(&cols[0].text, put ? "put" : "del", 3) != OK)
+        if (out_put(&cols[COL_OP].text, put ? "put" : "del", 3) != OK)
             return NOMEM;
-        for (int k = 1; k <= (put ? 2 : 1); k++) {
-            int which = k == 1 ? SPAN_KEY : SPAN_VALUE;
+        for (int k = COL_KEY_JSON; k <= (put ? COL_VALUE : COL_KEY_JSON); k++) {
+            int which = k == COL_KEY_JSON ? SPAN_KEY : SPAN_VALUE;
             if (sp->start[which] >= 0)
                 rc = out_put(&cols[k].text, o->buf + sp->start[which], sp->end[which] - sp->start[which]);
             else
@@ -583,18 +598,28 @@ resource_row(Column *cols, Py_ssize_t i, const Out *o, const Spans *sp)
             if (rc != OK)
                 return NOMEM;
         }
+        if (sp->key_text != NULL)
+            rc = out_put(&cols[COL_KEY].text, (const char *)sp->key_text, sp->key_len);
+        else if (sp->start[SPAN_KEY] >= 0)
+            rc = out_put(&cols[COL_KEY].text, o->buf + sp->start[SPAN_KEY], sp->end[SPAN_KEY] - sp->start[SPAN_KEY]);
+        else
+            rc = out_put(&cols[COL_KEY].text, "null", 4);
+        if (rc != OK)
+            return NOMEM;
     }
-    if ((rc = column_row(&cols[0], i, put || del)) != OK || (rc = column_row(&cols[1], i, put || del)) != OK)
+    if ((rc = column_row(&cols[COL_OP], i, put || del)) != OK || (rc = column_row(&cols[COL_KEY], i, put || del)) != OK
+        || (rc = column_row(&cols[COL_KEY_JSON], i, put || del)) != OK)
         return rc;
-    return column_row(&cols[2], i, put);
+    return column_row(&cols[COL_VALUE], i, put);
 }
 
 PyDoc_STRVAR(records_doc,
-"records(payload, count, resource=False) -> (text, offsets[, op, key, value]) or None\n\n"
+"records(payload, count, resource=False) -> (text, offsets[, op, key, key_json, value]) or None\n\n"
 "The JSON text (UTF-8) of each of the ``count`` CBOR items that make up ``payload``,\n"
 "end to end in ``text``; ``offsets`` holds count + 1 little-endian int32 offsets into\n"
 "it (an Arrow string array's layout). With ``resource``, also the ResourceStore\n"
-"convention's op, key and value columns, each (text, offsets, validity bitmap).\n"
+"convention's op, key, key_json and value columns, each (text, offsets, validity\n"
+"bitmap); key is a text key itself, another key's JSON text.\n"
 "None if the items are not all of the handled kind, or are not exactly ``count``\n"
 "items: take the Python path then.");
 
@@ -607,9 +632,9 @@ records(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*n|p:records", &view, &count, &resource))
         return NULL;
     PyObject *result = NULL;
-    Column cols[4];
-    int ncols = resource ? 4 : 1;
-    for (int k = 0; k < 4; k++) {
+    Column cols[1 + RESOURCE_COLS];
+    int ncols = resource ? 1 + RESOURCE_COLS : 1;
+    for (int k = 0; k < 1 + RESOURCE_COLS; k++) {
         cols[k].text.buf = NULL;
         cols[k].offsets = NULL;
         cols[k].valid = NULL;
@@ -626,7 +651,7 @@ records(PyObject *self, PyObject *args)
     }
     Out *o = &cols[0].text;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Spans sp = {{-1, -1, -1}, {-1, -1, -1}};
+        Spans sp = {{-1, -1, -1}, {-1, -1, -1}, NULL, 0};
         if ((rc = item(&in, o, 0, resource ? &sp : NULL)) != OK)
             goto done;
         if ((rc = column_row(&cols[0], i, 0)) != OK)
@@ -638,7 +663,7 @@ records(PyObject *self, PyObject *args)
         rc = FALLBACK;
         goto done;
     }
-    result = PyTuple_New(resource ? 5 : 2);
+    result = PyTuple_New(ncols + 1);
     if (result == NULL) {
         rc = NOMEM;
         goto done;
@@ -662,7 +687,7 @@ records(PyObject *self, PyObject *args)
         PyTuple_SET_ITEM(result, k + 1, col);
     }
 done:
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 1 + RESOURCE_COLS; k++)
         column_free(&cols[k]);
     PyBuffer_Release(&view);
     if (rc == NOMEM)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -199,6 +200,19 @@ class Follower:
         for fb in self._poll_once():
             n += len(fb.records)
         return n
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            state = f"stopped by {type(self._error).__name__}"
+        elif self._thread is not None and self._thread.is_alive():
+            state = "running"
+        else:
+            state = "idle"
+        cursor = str(self._cursor) if self._cursor is not None else None
+        return (
+            f"<persistlog.Follower {self.dest.url!r} cursor={cursor} applied={self.applied_records} "
+            f"lag={self.lag().records} {state}>"
+        )
 
     def wait_caught_up(self, timeout: float | None = None) -> bool:
         """Block until a poll found nothing new (background mode)."""
@@ -408,7 +422,7 @@ class Follower:
 
 
 def follow(
-    url: str,
+    url: str | os.PathLike[str],
     replay: Callable[[Any], Any] | None = None,
     *,
     replay_batch: Callable[[list[Any]], Any] | None = None,

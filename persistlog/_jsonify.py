@@ -30,7 +30,7 @@ from ._codec import _SAFE_SEMANTIC, _keep_tag, plain_loads
 from ._format import MAX_CBOR_DEPTH
 
 __all__ = [
-    "JsonRecords", "PlainRecords", "from_json", "from_jsonable", "plain_loads", "resource_texts_from_cbor",
+    "JsonRecords", "PlainRecords", "from_json", "from_jsonable", "key_text", "plain_loads", "resource_texts_from_cbor",
     "texts_from_cbor", "to_json", "to_jsonable",
 ]
 
@@ -288,16 +288,25 @@ def texts_from_cbor(payload: bytes, count: int) -> tuple[bytes, bytes] | None:
 NullableTexts = tuple[bytes, bytes, bytes]
 
 
-def resource_texts_from_cbor(
-    payload: bytes, count: int
-) -> tuple[bytes, bytes, NullableTexts, NullableTexts, NullableTexts] | None:
-    """:func:`texts_from_cbor`, and the ResourceStore convention's ``op``, ``key`` and
-    ``value`` columns read as ResourceStore replays them (a put has a key and a value, a
-    del a key, anything else none of them): each ``(text, offsets, validity bitmap)``."""
+ResourceTexts = tuple[bytes, bytes, NullableTexts, NullableTexts, NullableTexts, NullableTexts]
+
+
+def resource_texts_from_cbor(payload: bytes, count: int) -> ResourceTexts | None:
+    """:func:`texts_from_cbor`, and the ResourceStore convention's ``op``, ``key``,
+    ``key_json`` and ``value`` columns read as ResourceStore replays them (a put has a key
+    and a value, a del a key, anything else none of them), each ``(text, offsets,
+    validity bitmap)``: :func:`key_text` and :func:`to_json` of the key, ``to_json`` of
+    the value."""
     if _c_records is None:
         return None
-    result: tuple[bytes, bytes, NullableTexts, NullableTexts, NullableTexts] | None = _c_records(payload, count, True)
+    result: ResourceTexts | None = _c_records(payload, count, True)
     return result
+
+
+def key_text(key: Any, key_json: str) -> str:
+    """A key as the ``key`` column shows it: a string key itself (so that it filters as
+    the string it is), any other key as its JSON text ``key_json``."""
+    return key if type(key) is str else key_json
 
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-from destinations import Destination, open_destination
+from destinations import Destination, destination_url, open_destination
 
 from . import _format as F
 from ._codec import Codec
@@ -30,7 +31,7 @@ LOCAL_FLUSH_INTERVAL = 0.1
 LEASE_TTL = 30.0
 
 
-def _destination(url: str, storage_options: dict[str, Any] | None) -> Destination:
+def _destination(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Destination:
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
     return open_destination(url, **(storage_options or {}))
@@ -91,17 +92,21 @@ class Log(LogCore):
     update = LogCore.update
     update.__doc__ = """Append ``record``; returns its LSN.
 
-    Raises ``TypeError`` before anything is written if the record cannot be encoded.
-    In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
+    Raises ``TypeError`` before anything is written if the record cannot be encoded, or
+    if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
+    32 MiB. In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
     mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
     before this returns, sharing one fsync with concurrent callers.
     """
     update_many = LogCore.update_many
-    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last.
+    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last
+    (``None`` for no records: nothing is written).
 
-    The records go into one batch, so a crash keeps all of them or none. Every record is
-    encoded first: if any cannot be, ``TypeError`` is raised and none is written; if
-    together they are more than one batch holds (about 56 MiB), ``ValueError``.
+    ``records`` is an iterable of records (a list...); a ``str``, ``bytes`` or mapping is a
+    ``TypeError``, since each would iterate into characters, integers or keys. The records
+    go into one batch, so a crash keeps all of them or none. Every record is encoded first:
+    if any cannot be, ``TypeError`` is raised and none is written; if together they are
+    more than one batch holds (about 56 MiB), ``ValueError``.
     """
 
     def sync(self) -> None:
@@ -113,7 +118,7 @@ class Log(LogCore):
 
     def add_destination(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         storage_options: dict[str, Any] | None = None,
         wait: bool = True,
@@ -125,6 +130,7 @@ class Log(LogCore):
         record goes to it too, through its own writer thread and bounded queue.
         """
         self._check()
+        url = destination_url(url)
         if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
             raise ValueError(f"{url} is already a destination of this log")
         replica = self._make_replica(url, storage_options)
@@ -145,7 +151,7 @@ class Log(LogCore):
                 raise ValueError(f"{url} is not a secondary destination of this log")
         replica.close(seal=True)
 
-    def _make_replica(self, url: str, storage_options: dict[str, Any] | None) -> Replica:
+    def _make_replica(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Replica:
         dest = _destination(url, storage_options)
         replica = Replica(
             dest,
@@ -317,7 +323,7 @@ class Log(LogCore):
 
 
 def open(
-    url: str,
+    url: str | os.PathLike[str],
     enumerate_all: EnumerateAll,
     *,
     durability: str = "buffered",
@@ -331,7 +337,7 @@ def open(
     storage_options: dict[str, Any] | None = None,
     compression: str | None = None,
     on_error: Callable[[BaseException], None] | None = None,
-    secondaries: list[str | tuple[str, dict[str, Any]]] | None = None,
+    secondaries: list[str | os.PathLike[str] | tuple[str | os.PathLike[str], dict[str, Any] | None]] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     flush_interval: float | None = None,
@@ -345,9 +351,12 @@ def open(
     :class:`EnumerateError` is raised). A second writer on the same destination gets
     :class:`WriterConflict`.
 
-    Triggers (``None`` turns one off): ``rotate_bytes`` (default 64 MiB of log),
-    ``rotate_records`` (updates in the current log), ``rotate_interval`` (seconds),
-    ``rotate_on_signal`` (e.g. ``signal.SIGUSR1``; main thread only). ``retain`` complete
+    ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
+    turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
+    in the current log), ``rotate_interval`` (seconds), ``rotate_on_signal`` (e.g.
+    ``signal.SIGUSR1``; main thread only; the previous handler is restored on close). A
+    log ends within about one batch (``batch_bytes``) of its size or count trigger; one
+    crossed while the log's own enumeration is still written fires when it ends. ``retain`` complete
     logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
     ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
     more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
@@ -405,10 +414,10 @@ def open(
             on_complete=lg._on_complete,
         )
         for entry in secondaries or []:
-            if isinstance(entry, str):
-                lg._replicas.append(lg._make_replica(entry, None))
-            elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str):
+            if isinstance(entry, tuple) and len(entry) == 2:
                 lg._replicas.append(lg._make_replica(entry[0], entry[1]))
+            elif isinstance(entry, (str, os.PathLike)):
+                lg._replicas.append(lg._make_replica(entry, None))
             else:
                 raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
         lg._after_batch = lg._rotator.check_triggers

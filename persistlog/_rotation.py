@@ -26,7 +26,7 @@ from . import _format as F
 from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._segment_writer import move_pointer
-from ._writer import LogCore
+from ._writer import NEVER, LogCore
 
 log = logging.getLogger("persistlog")
 
@@ -92,17 +92,53 @@ class Rotator:
             return fut
 
     def check_triggers(self) -> None:
-        """Called after each batch: cheap checks of the size and count triggers."""
-        if self.rotating or self._queue:
-            return
+        """Called after each batch: cheap checks of the size and count triggers.
+
+        Between checks the writer cuts its batches where a trigger would fire (the
+        record-count trigger's LSN, the bytes left before the size trigger), and a fired
+        trigger holds the writers that hand batches over until the new log is started: a
+        log overshoots a trigger by at most about one batch (``batch_bytes``). A trigger
+        crossed while the log's own enumeration still runs fires when it ends.
+        """
         core = self.core
         sw = core._current_writer
         if sw is None:
             return
-        if self.rotate_bytes is not None and sw.bytes_written - self._snapshot_bytes >= self.rotate_bytes:
-            self.request()
-        elif self.rotate_records is not None and core._log_update_records >= self.rotate_records:
-            self.request()
+        records_due = self.rotate_records is not None and core._log_update_records >= self.rotate_records
+        if any(not fut.done() for fut in self._queue):
+            # Whole batches while a rotation is due or enumerating; this runs again after
+            # it. (One only deleting old logs has a complete log already: queue the next.)
+            core._batch_bytes = core.settings.batch_bytes
+            self._arm_records(records_due)
+            return
+        log_bytes = sw.bytes_written - self._snapshot_bytes
+        if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
+            self._arm_records(True)
+            core._batch_bytes = core.settings.batch_bytes
+            # Set before the request: the rotation thread may switch before it returns.
+            core._switching = threading.Event()
+            if self.request().done():  # refused: the log is closing
+                self._switched()
+            return
+        self._arm_records(False)
+        if self.rotate_bytes is not None:
+            core._batch_bytes = max(1, min(core.settings.batch_bytes, self.rotate_bytes - log_bytes))
+
+    def _arm_records(self, off: bool) -> None:
+        """Have update() hand its batch over at the record-count trigger (buffered mode)."""
+        core = self.core
+        if core._eager:
+            return
+        if off or self.rotate_records is None:
+            core._cut_lsn = NEVER
+        else:
+            core._cut_lsn = core._written_lsn + self.rotate_records - core._log_update_records - 1
+
+    def _switched(self) -> None:
+        """Release the writers a fired trigger holds (the new log is started, or will not be)."""
+        switching, self.core._switching = self.core._switching, None
+        if switching is not None:
+            switching.set()
 
     def check_interval(self) -> None:
         if self.rotate_interval is None or self.rotating or self._queue:
@@ -151,7 +187,11 @@ class Rotator:
         started = time.monotonic()
         self._started_at = started
         seq = core.seq + 1
-        core._start_log(seq)
+        try:
+            core._start_log(seq)
+            self._arm_records(False)
+        finally:
+            self._switched()
         self._snapshot_bytes = 0
         emitted = 0
         active = True
@@ -228,5 +268,6 @@ class Rotator:
                 fut.set_exception(LogClosedError("the log was closed before this rotation started"))
             del self._queue[start:]
             self._cv.notify_all()
+        self._switched()
         if threading.current_thread() is not self._thread:
             self._thread.join()

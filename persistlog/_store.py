@@ -8,8 +8,9 @@ Its records follow one documented convention, which the Spark replay understands
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -40,8 +41,9 @@ class ResourceStore(MutableMapping[Any, Any]):
         self.restored: RestoreResult | None = None
 
     @classmethod
-    def open(cls, url: str, **options: Any) -> ResourceStore:
-        """Restore the store from ``url`` and open its log for writing.
+    def open(cls, url: str | os.PathLike[str], **options: Any) -> ResourceStore:
+        """Restore the store from ``url`` (a string or an ``os.PathLike``) and open its log
+        for writing.
 
         ``options`` are those of :func:`persistlog.open` (``durability``, triggers,
         ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
@@ -152,9 +154,21 @@ class ResourceStore(MutableMapping[Any, Any]):
             return default
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
-        """Set several keys, one logged change each, with no other change in between."""
+        """Set several keys (as ``dict.update`` takes them) in one logged batch: a crash
+        keeps all of them or none, and if any key or value cannot be logged
+        (``TypeError``) none is set. Like :meth:`Log.update_many`, one call holds at most
+        one batch (about 56 MiB; ``ValueError`` beyond)."""
+        if isinstance(other, Mapping):
+            pairs = list(other.items())
+        elif hasattr(other, "keys"):
+            pairs = [(k, other[k]) for k in other.keys()]
+        else:
+            pairs = list(other)
+        pairs += kwargs.items()
         with self._lock:
-            super().update(other, **kwargs)
+            self.log.update_many([{"op": "put", "key": k, "value": v} for k, v in pairs])
+            for k, v in pairs:
+                self._data[k] = v
 
     def clear(self) -> None:
         """Delete every key (one logged change each)."""
@@ -186,6 +200,13 @@ class ResourceStore(MutableMapping[Any, Any]):
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
+
+    def __repr__(self) -> str:
+        lg = self._log
+        if lg is None:
+            return f"<persistlog.ResourceStore {len(self._data)} keys, not open>"
+        state = "failed" if lg.failed else "closed" if lg.closed else "open"
+        return f"<persistlog.ResourceStore {lg.url!r} {len(self._data)} keys log={lg.seq} {state}>"
 
     def __enter__(self) -> ResourceStore:
         return self

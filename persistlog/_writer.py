@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cbor2
@@ -46,6 +46,17 @@ _BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 
 def _too_large(n: int) -> ValueError:
     return ValueError(f"record of {n} bytes exceeds the {_MAX_RECORD}-byte limit")
+
+
+# No LSN reaches it: the record-count cut is off.
+NEVER = 1 << 62
+# Seconds a writer waits for a triggered rotation's switch to the new log; past it the
+# writer goes on (into the old log) rather than hang on a storage that stalls.
+SWITCH_WAIT = 30.0
+
+
+def _not_bool(sync: object) -> TypeError:
+    return TypeError(f"sync must be True or False, not {sync!r}")
 
 
 def _array_header_len(n: int) -> int:
@@ -132,7 +143,12 @@ class LogCore:
         self._failed: BaseException | None = None
         self._closed = False
         self._sync_each = settings.durability == "fsync"
+        # update() hands its batch over once its LSN reaches this: at once in flush and
+        # fsync modes, else at the record-count trigger's LSN (the rotator arms it), so that
+        # a trigger is seen after the batch that crosses it, not at the next timer tick.
         self._eager = settings.durability != "buffered"
+        self._cut_lsn = 0 if self._eager else NEVER
+        self._switching: threading.Event | None = None
         self._lock_handle: WriterLock | None = None
         # Figures for stats() and rotation triggers.
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
@@ -182,6 +198,9 @@ class LogCore:
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
     def update(self, record: Any, sync: bool = False) -> int:
+        # One identity test for the usual sync=False (a truthy "yes" must not pass).
+        if sync is not False and sync is not True:
+            raise _not_bool(sync)
         # _buffer(record, False), inlined: the extra call costs update() about a sixth of
         # its speed (bench: update() against the naive loop), and this is the hot path.
         with self._lock:
@@ -203,7 +222,7 @@ class LogCore:
                 data = self._take_back(pos, end)
         if data is not None:
             lsn, end = self._append_encoded([data], snapshot=False)
-        if sync or end >= self._batch_bytes or self._eager:
+        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
 
@@ -279,11 +298,26 @@ class LogCore:
                     self._write_pending(flush=False)
         return lsn, end
 
-    def update_many(self, records: Iterable[Any], sync: bool = False) -> int:
+    def update_many(self, records: Iterable[Any], sync: bool = False) -> int | None:
         """Append several records as one batch; if any cannot be encoded, or they are more
-        than one batch holds, none is appended."""
-        items = records if isinstance(records, list) else list(records)
+        than one batch holds, none is appended. None for no records."""
+        if sync is not False and sync is not True:
+            raise _not_bool(sync)
+        if isinstance(records, (str, bytes, bytearray, memoryview, Mapping)):
+            # Each would iterate into characters, ints or keys: never what was meant.
+            raise TypeError(
+                f"update_many() takes an iterable of records (a list...), not a {type(records).__name__}; "
+                "for one record use update()"
+            )
+        try:
+            items = records if isinstance(records, list) else list(records)
+        except TypeError:
+            raise TypeError(
+                f"update_many() takes an iterable of records, not a {type(records).__name__}"
+            ) from None
         n = len(items)
+        if not n:
+            return None
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
         try:
@@ -309,7 +343,7 @@ class LogCore:
             # Too big for the buffer as it stands: check each record's size, and write what
             # is buffered first if the call does not fit beside it.
             lsn, end = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
-        if n and (sync or end >= self._batch_bytes or self._eager):
+        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
             self._commit(lsn, durable=sync or self._sync_each)
         return lsn
 
@@ -325,14 +359,17 @@ class LogCore:
         """Return once the record at ``lsn`` is written (and durable if asked)."""
         if durable:
             self._group.wait(lsn)
-            return
-        if self._written_lsn > lsn:
-            return
-        with self._io_lock:
-            if self._written_lsn > lsn:
-                return
-            self._check()
-            self._write_pending()
+        elif self._written_lsn <= lsn:
+            with self._io_lock:
+                if self._written_lsn <= lsn:
+                    self._check()
+                    self._write_pending()
+        switching = self._switching
+        if switching is not None:
+            # A size or count trigger fired: hold the writers who hand batches over until
+            # the rotation thread has switched to the new log, so that the old one grows
+            # past its trigger by at most the batch buffered meanwhile.
+            switching.wait(SWITCH_WAIT)
 
     def _sync_through(self, lsn: int) -> None:
         """Make the records up to ``lsn`` durable, with every record appended so far (the

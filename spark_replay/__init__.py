@@ -53,11 +53,19 @@ base_log      long       the newest log of this read whose snapshot was complete
                          record (or the first log ever): a replay from it reproduces the
                          full state as of this record; null when the read holds none
 op            string     ``convention="resource"`` only: ``put``/``del``, else null
-key           string     ``convention="resource"`` only: the key as JSON text
+key           string     ``convention="resource"`` only: a string key as itself, any other
+                         key as its JSON text (filter with ``df.key == "user:3"``)
+key_json      string     ``convention="resource"`` only: the key as lossless JSON text
+                         (``1``, ``"1"`` and ``true`` differ); :func:`state` groups by it
 value         string     ``convention="resource"`` only: the value as JSON text (puts)
 ============  =========  ================================================================
 
-A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it.
+``view``
+    ``records`` (default): the rows above. ``corrupt``: the damage report of
+    :func:`corrupt_report` instead.
+
+A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
+holding no log fails the read with :class:`persistlog.LogNotFoundError`.
 
 ``spark.readStream.format("persistlog").load(url)`` follows the live log with the same
 columns and options, plus ``startingPosition`` (``restore``, ``earliest``, ``latest`` or a
@@ -67,9 +75,12 @@ cursor), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+
+from destinations import destination_url
 
 from ._session import local_session
 from ._source import PersistLogDataSource
@@ -106,19 +117,20 @@ def _reader(spark: SparkSession, options: dict[str, Any]) -> Any:
     return reader
 
 
-def read(spark: SparkSession, url: str, **options: Any) -> DataFrame:
+def read(spark: SparkSession, url: str | os.PathLike[str], **options: Any) -> DataFrame:
     """``spark.read.format("persistlog")`` with ``options`` given as Python values
-    (``storage_options`` as a dict); registers the source if needed."""
+    (``storage_options`` as a dict) and ``url`` a string or an ``os.PathLike``;
+    registers the source if needed."""
     if "min_partitions" not in options:
         try:
             options["min_partitions"] = spark.sparkContext.defaultParallelism
         except Exception:  # Spark Connect has no SparkContext: keep the source's default
             pass
-    df: DataFrame = _reader(spark, options).load(url)
+    df: DataFrame = _reader(spark, options).load(destination_url(url))
     return df
 
 
-def corrupt_report(spark: SparkSession, url: str, **options: Any) -> DataFrame:
+def corrupt_report(spark: SparkSession, url: str | os.PathLike[str], **options: Any) -> DataFrame:
     """Every damaged range of the logs at ``url``: what ``recovery="skip"`` passes over,
     plus the torn tails any read drops.
 
@@ -127,5 +139,5 @@ def corrupt_report(spark: SparkSession, url: str, **options: Any) -> DataFrame:
     scanned (checksums, chains) but records are only decoded, never converted. Takes the
     read options (``storage_options``, ``logs``, ``from_lsn``...).
     """
-    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(url)
+    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(destination_url(url))
     return df

@@ -7,8 +7,12 @@
     python -m spark_replay URL --out DIR --follow [--checkpoint DIR] [--trigger SECONDS]
     spark-submit --master yarn .../spark_replay/__main__.py URL --out s3a://bucket/replay
 
-Run with plain ``python`` it starts a local Spark (``local[*]``) with no configuration;
-under ``spark-submit`` it uses the session spark-submit made.
+Run with plain ``python`` it starts a local Spark (``local[*]``) with no configuration,
+whose own log goes to a file (``-v`` shows it); under ``spark-submit`` it uses the session
+spark-submit made. A failure is one line on stderr (what failed, where, what to do) and a
+non-zero exit; a local ``--out`` is written beside itself and renamed into place at the
+end, so a failed run leaves nothing there. An existing ``--out`` is refused before any work
+unless ``--overwrite`` is given.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import argparse
 import logging
 import os
 import re
+import shutil
 import sys
+import tempfile
+import uuid
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -72,18 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", choices=("all", "latest"), default="all", help="all retained logs (default) or from the newest complete one")
     p.add_argument("--recovery", choices=("strict", "skip"), default="strict", help="strict (default): corruption fails the job; skip: pass over it and write _corrupt/")
     p.add_argument("--max-partition-bytes", metavar="BYTES", help="log bytes per task (default 128m)")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out (else it is refused)")
     p.add_argument(
         "--follow",
         action="store_true",
-        help="keep going: append every new record to events/ as a streaming query until "
+        help="keep going: append every new record to OUT/events as a streaming query until "
         "interrupted (Ctrl-C); rerunning resumes where it stopped",
     )
     p.add_argument("--checkpoint", metavar="DIR", help="--follow: the query's checkpoint (default OUT/_checkpoint)")
     p.add_argument(
         "--trigger", type=float, default=1.0, metavar="SECONDS", help="--follow: seconds between micro-batches (default 1)"
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    p.add_argument("-q", "--quiet", action="store_true", help="log errors only")
+    p.add_argument("-v", "--verbose", action="store_true", help="log progress, and show Spark's own log")
     return p
 
 
@@ -129,7 +137,9 @@ class Summary:
         stream.write("\n".join(lines) + "\n")
 
 
-def _session() -> Any:
+def _session(spark_log: str | None) -> Any:
+    """The job's session; a local Spark's JVM (and the Python workers it starts) write
+    their output to ``spark_log`` rather than to the terminal."""
     from pyspark.sql import SparkSession
 
     from . import local_session, register
@@ -139,7 +149,90 @@ def _session() -> Any:
         spark = SparkSession.builder.appName("persistlog-replay").getOrCreate()
         register(spark)
         return spark
-    return local_session()
+    if spark_log is None:
+        return local_session()
+    # The JVM inherits stderr when it starts: point it at the log file for that moment.
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(spark_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+        return local_session()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@dataclass
+class Output:
+    """Where the job writes: ``work``, renamed to ``final`` once everything is written
+    (local paths), or ``final`` itself (other file systems, where a rename is a copy)."""
+
+    final: str
+    work: str
+    overwrite: bool
+
+    @classmethod
+    def prepare(cls, out: str, overwrite: bool) -> Output:
+        """Refuse an existing local ``out`` without ``overwrite``, before any work."""
+        final = out.rstrip("/") or out
+        if not _is_local(final):
+            return cls(final, final, overwrite)
+        path = _local_path(final)
+        if os.path.lexists(path) and not overwrite:
+            raise JobError(f"--out {out} already exists: pass --overwrite to replace it, or choose another --out")
+        parent, name = os.path.split(os.path.abspath(path))
+        try:
+            os.makedirs(parent, exist_ok=True)  # as Spark would have
+        except OSError as e:
+            raise JobError(f"--out {out}: cannot create {parent}: {e.strerror}") from None
+        # Beside the output, so that the final rename stays on one file system.
+        return cls(final, os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}"), overwrite)
+
+    @property
+    def staged(self) -> bool:
+        return self.work != self.final
+
+    def check_remote(self, spark: Any) -> None:
+        """The same refusal for a non-local ``out``, through Spark's file system."""
+        if self.staged or self.overwrite:
+            return
+        try:
+            jvm = spark._jvm
+            path = jvm.org.apache.hadoop.fs.Path(self.final)
+            exists = path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path)
+        except Exception:  # no JVM (Spark Connect) or no driver for it: Spark's own check
+            return
+        if exists:
+            raise JobError(f"--out {self.final} already exists: pass --overwrite to replace it, or choose another --out")
+
+    def commit(self) -> None:
+        if not self.staged:
+            return
+        final = _local_path(self.final)
+        if os.path.lexists(final):
+            shutil.rmtree(final) if os.path.isdir(final) and not os.path.islink(final) else os.remove(final)
+        os.rename(self.work, final)
+
+    def discard(self) -> None:
+        if self.staged:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _new_spark_log() -> str:
+    """A file for a local Spark's own output (removed unless a failure names it)."""
+    fd, path = tempfile.mkstemp(prefix="persistlog-replay-spark-", suffix=".log")
+    os.close(fd)
+    return path
 
 
 _PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
@@ -175,18 +268,29 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> None:
         dest.close()
 
 
-def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
-    from pyspark.sql import functions as F
-
-    from . import corrupt_report, read
-    from ._state import resolve_lsn, state
-
+def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Output]:
+    """Every check that needs no Spark: arguments, the input, the output."""
     storage_options = parse_storage_options(args.storage_option)
     if args.convention == "raw" and args.op and not args.key:
         raise JobError("--op needs --key")
     if args.convention == "resource" and (args.key or args.op):
         raise JobError("--key/--op are for --convention raw")
+    output = Output.prepare(args.out, args.overwrite)
     _check_input(args.url, storage_options)
+    return storage_options, output
+
+
+def run(
+    args: argparse.Namespace, spark: Any, stdout: TextIO, prepared: tuple[dict[str, Any], Output] | None = None
+) -> Summary:
+    """Replay into ``output.work``; the caller commits or discards it."""
+    from pyspark.sql import functions as F
+
+    from . import corrupt_report, read
+    from ._state import resolve_lsn, state
+
+    storage_options, output = prepared or prepare(args)
+    output.check_remote(spark)
     options = {
         "storage_options": storage_options or None,
         "convention": args.convention,
@@ -194,8 +298,8 @@ def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
         "recovery": args.recovery,
         "max_partition_bytes": args.max_partition_bytes,
     }
-    mode = "overwrite" if args.overwrite else "errorifexists"
-    out = args.out.rstrip("/")
+    mode = "overwrite" if args.overwrite and not output.staged else "errorifexists"
+    out = output.work
     events_path, state_path = f"{out}/events", f"{out}/state"
     df = read(spark, args.url, **options)
     log.info("writing %s", events_path)
@@ -227,7 +331,7 @@ def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
     assert stats is not None
     return Summary(
         url=args.url,
-        out=out,
+        out=output.final,
         logs=seqs,
         records=int(stats["n"]),
         first_lsn=stats["lo"],
@@ -238,6 +342,16 @@ def run(args: argparse.Namespace, spark: Any, stdout: TextIO) -> Summary:
         keys=keys,
         corrupt=corrupt,
     )
+
+
+def _advice(explained: str, url: str) -> str:
+    """What to do about a failure Spark reported, after what it was."""
+    if explained.startswith("CorruptLogError"):
+        return (
+            f"{explained}; `persistlog verify {url}` lists the damage, and --recovery skip replays "
+            "around it (listing it in OUT/_corrupt)"
+        )
+    return explained
 
 
 def check_follow_args(args: argparse.Namespace) -> None:
@@ -311,15 +425,18 @@ def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
 
 
 def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
-    """The job with ``--follow``: arguments checked before Spark starts, failures in one
-    line, an interrupted start-up stopped without a trace."""
+    """The job with ``--follow``: arguments checked before Spark starts, Spark's own log in
+    a file as for a batch run, failures in one line, an interrupted start-up stopped
+    without a trace."""
+    spark_log: str | None = None
+    keep_log = False
     try:
         check_follow_args(args)
         session = spark
         if session is None:
-            session = _session()
-            # A query that fails is reported in one line (below), not as Spark's traces.
-            session.sparkContext.setLogLevel("FATAL")
+            if not args.verbose:
+                spark_log = _new_spark_log()
+            session = _session(spark_log)
         return follow(args, session, stdout)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -330,9 +447,16 @@ def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
     except Exception as e:
         if not type(e).__module__.startswith(("pyspark", "py4j")):
             raise
-        sys.stderr.write(f"error: {_explain(e)}\n")
         log.debug("Spark failure", exc_info=True)
+        explained = _advice(_explain(e), args.url)
+        if spark_log is not None:
+            keep_log = True
+            explained += f" (Spark's log: {spark_log})"
+        sys.stderr.write(f"error: {explained}\n")
         return EXIT_FAILED
+    finally:
+        if spark_log is not None and not keep_log:
+            os.unlink(spark_log)
 
 
 def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | None = None) -> int:
@@ -341,26 +465,43 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
     stdout = stdout or sys.stdout
     if not logging.getLogger().handlers:
         logging.basicConfig(
-            level=logging.WARNING if args.quiet else logging.INFO,
+            level=logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.follow or args.checkpoint or args.trigger != 1.0:
         return follow_main(args, spark, stdout)
+    output: Output | None = None
+    spark_log: str | None = None
+    keep_log = False
     try:
-        session = spark or _session()
-        summary = run(args, session, stdout)
+        prepared = prepare(args)
+        output = prepared[1]
+        if spark is None and not args.verbose:
+            spark_log = _new_spark_log()
+        try:
+            summary = run(args, spark or _session(spark_log), stdout, prepared)
+            output.commit()
+        except Exception as e:
+            if not type(e).__module__.startswith(("pyspark", "py4j")):
+                raise
+            log.debug("Spark failure", exc_info=True)
+            explained = _advice(_explain(e), args.url)
+            if spark_log is not None and not explained.startswith("CorruptLogError"):
+                # An unexpected failure: the details are in Spark's own log.
+                keep_log = True
+                explained += f" (Spark's log: {spark_log})"
+            raise JobError(explained, EXIT_FAILED) from None
     except JobError as e:
         sys.stderr.write(f"error: {e}\n")
         return e.code
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         return EXIT_USAGE
-    except Exception as e:
-        if type(e).__module__.startswith(("pyspark", "py4j")):
-            sys.stderr.write(f"error: {_explain(e)}\n")
-            log.debug("Spark failure", exc_info=True)
-            return EXIT_FAILED
-        raise
+    finally:
+        if output is not None:
+            output.discard()
+        if spark_log is not None and not keep_log:
+            os.unlink(spark_log)
     summary.print(stdout)
     return EXIT_OK

@@ -34,7 +34,7 @@ from persistlog._decoder import (
     parse_batch_header,
     parse_segment_header,
 )
-from persistlog._errors import CorruptLogError, DestinationError
+from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
 from persistlog._reader import SegmentBytes, list_logs
 from persistlog._restore import plan as restore_plan
 
@@ -244,6 +244,8 @@ def plan(opts: ReadOptions) -> list[LogPartition]:
     try:
         return _plan(dest, opts)
     except FileNotFoundError as e:
+        if isinstance(e, LogNotFoundError):
+            raise
         raise DestinationError(
             f"a file vanished while planning the read of {opts.url} (retention by a running writer?): {e}"
         ) from e
@@ -254,8 +256,10 @@ def plan(opts: ReadOptions) -> list[LogPartition]:
 def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
     listing = list_logs(dest)
     if not listing:
-        log.warning("no persistlog logs at %s", opts.url)
-        return []
+        # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
+        # read as an empty history.
+        where = "the location does not exist" if not dest.exists() else "it holds no log"
+        raise LogNotFoundError(f"no persistlog log at {opts.url} ({where}); check the path given to load()")
     seqs = sorted(listing)
     expect_complete = False
     if opts.logs == "latest":

@@ -24,6 +24,7 @@ from persistlog._errors import CorruptLogError, DestinationError
 from persistlog._jsonify import (
     JsonRecords,
     PlainRecords,
+    key_text,
     plain_loads,
     resource_texts_from_cbor,
     texts_from_cbor,
@@ -206,6 +207,7 @@ class _Columns:
         self.bases = _Column(pa.int64())
         self.ops = _Column(pa.string())
         self.keys = _Column(pa.string())
+        self.key_jsons = _Column(pa.string())
         self.values = _Column(pa.string())
 
     def add(self, batch: Batch, lo: int, hi: int) -> None:
@@ -248,7 +250,7 @@ class _Columns:
             columns = [_strings(n, *plain)]
         if lo or hi != n:
             columns = [c.slice(lo, hi - lo) for c in columns]
-        for target, column in zip((self.records, self.ops, self.keys, self.values), columns):
+        for target, column in zip((self.records, self.ops, self.keys, self.key_jsons, self.values), columns):
             target.chunk(column)
         return True
 
@@ -275,20 +277,21 @@ class _Columns:
 
     def _resource(self, records: list[Any], text: Callable[[Any], str]) -> None:
         # The ResourceStore convention, read exactly as ResourceStore replays it.
-        ops, keys, values = self.ops.pending, self.keys.pending, self.values.pending
+        ops, keys, key_jsons = self.ops.pending, self.keys.pending, self.key_jsons.pending
+        values = self.values.pending
         for r in records:
             op = r.get("op") if isinstance(r, dict) else None
-            if op == "put":
-                ops.append("put")
-                keys.append(text(r.get("key")))
-                values.append(text(r.get("value")))
-            elif op == "del":
-                ops.append("del")
-                keys.append(text(r.get("key")))
-                values.append(None)
+            if op == "put" or op == "del":
+                key = r.get("key")
+                key_json = text(key)
+                ops.append(op)
+                keys.append(key_text(key, key_json))
+                key_jsons.append(key_json)
+                values.append(text(r.get("value")) if op == "put" else None)
             else:
                 ops.append(None)
                 keys.append(None)
+                key_jsons.append(None)
                 values.append(None)
 
     def flush(self) -> pa.RecordBatch:
@@ -302,7 +305,7 @@ class _Columns:
             self.bases.finish(),
         ]
         if self.resource:
-            cols += [self.ops.finish(), self.keys.finish(), self.values.finish()]
+            cols += [self.ops.finish(), self.keys.finish(), self.key_jsons.finish(), self.values.finish()]
         self.rows = 0
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 

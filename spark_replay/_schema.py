@@ -23,6 +23,7 @@ RECORD_FIELDS: list[tuple[str, pa.DataType, bool]] = [
 RESOURCE_FIELDS: list[tuple[str, pa.DataType, bool]] = [
     ("op", pa.string(), True),
     ("key", pa.string(), True),
+    ("key_json", pa.string(), True),
     ("value", pa.string(), True),
 ]
 

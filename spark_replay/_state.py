@@ -87,18 +87,26 @@ def state(
     point, exactly as restore would; ``ValueError`` says so when the point is older than
     the history the frame holds (retention deleted it, or the read started later).
 
-    Returns one row per live key: ``key`` (the key expression's value) and the winning
-    record's other columns, minus ``op``.
+    Keys are told apart by their lossless JSON text: on a ``convention="resource"``
+    frame the default groups by ``key_json`` (so ``1``, ``"1"`` and ``True`` are three
+    keys, though ``key`` shows the first two alike).
+
+    Returns one row per live key: ``key`` (the key expression's value; by default the
+    ``key`` and ``key_json`` columns) and the winning record's other columns, minus ``op``.
     """
     missing = [c for c in _REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"state() needs a frame read by the persistlog source; missing columns {missing}")
-    key_col = _column(key, df, "key", "key")
+    # The lossless key: "key" shows 1 and "1" alike, "key_json" never does.
+    lossless = key is None and "key_json" in df.columns
+    key_col = F.col("key_json") if lossless else _column(key, df, "key", "key")
+    # Columns the result names itself ahead of the winning record's others.
+    leading = ("key", "key_json") if lossless else ("key",)
     op_col = _column(op, df, "op", "op") if op is not None or "op" in df.columns else F.lit("put")
     target = resolve_lsn(df, as_of_lsn, as_of_time)
     if target is None:
         log.info("state(): the frame holds no record; the state is empty")
-        return _shape(df.limit(0).withColumn("_k", key_col), df)
+        return _shape(df.limit(0).withColumn("_k", key_col), df, lossless)
     # One aggregate, no sort: the last record at or before the point, and its replay base.
     point = (
         df.filter(F.col("lsn") <= target)
@@ -121,14 +129,19 @@ def state(
         .withColumn("_op", op_col)
         .filter(F.col("_k").isNotNull() & F.col("_op").isin("put", "del"))
     )
-    others = [c for c in history.columns if c not in ("_k", "key", "op")]
-    last = history.groupBy("_k").agg(F.max_by(F.struct(*others), F.col("lsn")).alias("_w"))
+    others = [c for c in history.columns if c not in ("_k", "op", *leading)]
+    kept = [*leading, *others] if lossless else others
+    last = history.groupBy("_k").agg(F.max_by(F.struct(*kept), F.col("lsn")).alias("_w"))
     live = last.filter(F.col("_w._op") == "put")
-    return live.select(F.col("_k").alias("key"), *[F.col(f"_w.{c}").alias(c) for c in others if c != "_op"])
+    shown = [F.col(f"_w.{c}").alias(c) for c in kept if c != "_op"]
+    return live.select(*shown) if lossless else live.select(F.col("_k").alias("key"), *shown)
 
 
-def _shape(empty: DataFrame, df: DataFrame) -> DataFrame:
-    others = [c for c in df.columns if c not in ("key", "op")]
+def _shape(empty: DataFrame, df: DataFrame, lossless: bool) -> DataFrame:
+    leading = ("key", "key_json") if lossless else ("key",)
+    others = [c for c in df.columns if c not in ("op", *leading)]
+    if lossless:
+        return empty.select(*leading, *others)
     return empty.select(F.col("_k").alias("key"), *others)
 
 

@@ -18,18 +18,8 @@ def spark() -> Iterator[Any]:
     """A ``local[2]`` session with the ``persistlog`` source registered."""
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
-    import warnings
+    from sparksession import shared_session
 
-    import spark_replay
-
-    with warnings.catch_warnings():
-        # PySpark's optional-dependency probes (pandas) warn at session start.
-        warnings.simplefilter("ignore")
-        session = spark_replay.local_session(
-            "persistlog-tests",
-            master="local[2]",
-            conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
-        )
-    session.sparkContext.setLogLevel("ERROR")
+    session = shared_session()
     yield session
     session.stop()

@@ -295,16 +295,21 @@ def test_damaged_bytes_never_give_text_python_would_not(records: list[Any], flip
 
 
 def _resource_columns(records: list[Any]) -> list[list[str | None]]:
-    """op, key and value as ResourceStore replays records (the Python path's rule)."""
+    """op, key, key_json and value as ResourceStore replays records (the Python path's
+    rule): a string key is itself in ``key``, any other key its JSON text."""
     ops: list[str | None] = []
     keys: list[str | None] = []
+    key_jsons: list[str | None] = []
     values: list[str | None] = []
     for r in records:
         op = r.get("op") if isinstance(r, dict) else None
-        ops.append(op if op in ("put", "del") else None)
-        keys.append(to_json(r.get("key")) if op in ("put", "del") else None)
+        live = op in ("put", "del")
+        key = r.get("key") if live else None
+        ops.append(op if live else None)
+        keys.append((key if isinstance(key, str) else to_json(key)) if live else None)
+        key_jsons.append(to_json(key) if live else None)
         values.append(to_json(r.get("value")) if op == "put" else None)
-    return [ops, keys, values]
+    return [ops, keys, key_jsons, values]
 
 
 def _column(n: int, text: bytes, offsets: bytes, valid: bytes) -> list[str | None]:
@@ -316,7 +321,11 @@ def _column(n: int, text: bytes, offsets: bytes, valid: bytes) -> list[str | Non
 _store_records = st.lists(
     st.fixed_dictionaries(
         {"op": st.sampled_from(["put", "del", "putx", "", "PUT"])},
-        optional={"key": _plain_values, "value": _plain_values, "other": _plain_values},
+        optional={
+            "key": _plain_values | st.text(max_size=300) | st.text(min_size=24, max_size=30),
+            "value": _plain_values,
+            "other": _plain_values,
+        },
     )
     | _plain_values,
     max_size=6,
@@ -335,3 +344,26 @@ def test_the_c_path_reads_the_resource_convention_as_the_store_does(records: lis
     assert c_texts(encoded, len(records)) == [to_json(plain_loads(cbor2.dumps(r))) for r in records]
     decoded = [plain_loads(cbor2.dumps(r)) for r in records]
     assert [_column(len(records), *c) for c in columns] == _resource_columns(decoded)
+
+
+def test_the_key_column_shows_a_string_key_as_itself() -> None:
+    from persistlog._jsonify import resource_texts_from_cbor
+
+    records = [
+        {"op": "put", "key": "user:3", "value": 1},
+        {"op": "put", "key": 1, "value": 2},
+        {"op": "put", "key": "1", "value": 3},
+        {"op": "del", "key": True},
+        {"op": "del"},
+        {"op": "put", "key": 'caf\u00e9 "q"' + "x" * 300, "value": None},
+        {"op": "put", "key": [1, "a"], "value": 4},
+        {"op": "other", "key": "k"},
+    ]
+    encoded = b"".join(cbor2.dumps(r) for r in records)
+    got = resource_texts_from_cbor(encoded, len(records))
+    assert got is not None
+    _text, _offsets, *columns = got
+    ops, keys, key_jsons, values = [_column(len(records), *c) for c in columns]
+    assert keys == ["user:3", "1", "1", "true", "null", 'caf\u00e9 "q"' + "x" * 300, '[1,"a"]', None]
+    assert key_jsons == ['"user:3"', "1", '"1"', "true", "null", '"caf\u00e9 \\"q\\"' + "x" * 300 + '"', '[1,"a"]', None]
+    assert [ops, keys, key_jsons, values] == _resource_columns(records)

@@ -106,7 +106,8 @@ def test_latest_read_yields_exactly_what_restore_replays(tmp_path: Any) -> None:
     for r in rows:
         record = from_json(r["record"])
         assert r["op"] == record["op"]
-        assert from_json(r["key"]) == record["key"]
+        assert from_json(r["key_json"]) == record["key"]
+        assert r["key"] == (record["key"] if isinstance(record["key"], str) else r["key_json"])
         assert (r["value"] is None) == (record["op"] == "del")
 
 
@@ -188,8 +189,12 @@ def test_partitions_pickle_small_and_never_show_credentials(tmp_path: Any) -> No
     assert len(pickle.dumps(part)) < 1024
 
 
-def test_empty_destination_plans_nothing(tmp_path: Any) -> None:
-    assert read_all(str(tmp_path / "nothing"))[0] == []
+def test_a_destination_without_logs_is_an_error(tmp_path: Any) -> None:
+    with pytest.raises(persistlog.LogNotFoundError, match="does not exist"):
+        read_all(str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(persistlog.LogNotFoundError, match="holds no log"):
+        read_all(str(tmp_path / "empty"))
 
 
 # -- damage ----------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ COLUMNS = {
     "record": "string",
     "base_log": "bigint",
 }
-RESOURCE_COLUMNS = {**COLUMNS, "op": "string", "key": "string", "value": "string"}
+RESOURCE_COLUMNS = {**COLUMNS, "op": "string", "key": "string", "key_json": "string", "value": "string"}
 
 
 def records_of(df: Any) -> list[Any]:
@@ -44,7 +44,7 @@ def records_of(df: Any) -> list[Any]:
 
 
 def as_dict(state_df: Any) -> dict[Any, Any]:
-    return {from_json(r["key"]): from_json(r["value"]) for r in state_df.select("key", "value").collect()}
+    return {from_json(r["key_json"]): from_json(r["value"]) for r in state_df.select("key_json", "value").collect()}
 
 
 def expected_at(history: list[tuple[int, dict[Any, Any]]], lsn: int) -> dict[Any, Any]:
@@ -71,9 +71,9 @@ def test_frame_has_the_documented_schema_and_equals_restore(spark: Any, tmp_path
     assert [from_json(r["record"]) for r in rows[-len(restored) :]] == restored
     assert len(rows) > len(restored)
     assert {r["kind"] for r in rows} == {"update", "snapshot"}
-    # A destination without logs reads as an empty frame, and an empty state.
-    nothing = spark_replay.read(spark, str(tmp_path / "nothing"), convention="resource")
-    assert nothing.count() == 0 and spark_replay.state(nothing).count() == 0
+    # A destination without logs is an error, not an empty history.
+    with pytest.raises(Exception, match="no persistlog log at"):
+        spark_replay.read(spark, str(tmp_path / "nothing"), convention="resource").count()
 
 
 def test_state_equals_the_store_at_many_points_across_rotations_and_retention(spark: Any, tmp_path: Any) -> None:
@@ -178,9 +178,9 @@ def test_job_writes_events_and_state_as_parquet(spark: Any, tmp_path: Any) -> No
         {PF.parse_segment_name(n)[0] for n in os.listdir(url) if PF.parse_segment_name(n)}  # type: ignore[index]
     )
     state = ds.dataset(f"{out}/state", format="parquet").to_table().to_pylist()
-    assert {from_json(r["key"]): from_json(r["value"]) for r in state} == expected_at(history, point)
+    assert {from_json(r["key_json"]): from_json(r["value"]) for r in state} == expected_at(history, point)
     # Existing output is refused unless --overwrite; an old point is refused clearly.
-    assert main([url, "--out", out, "-q"], spark=spark, stdout=io.StringIO()) == 1
+    assert main([url, "--out", out, "-q"], spark=spark, stdout=io.StringIO()) == 2
     assert main([url, "--out", out, "--overwrite", "--as-of-lsn", "1", "-q"], spark=spark, stdout=io.StringIO()) == 2
 
 
