@@ -3,7 +3,9 @@
 * the naive loop: per record ``cbor2.dumps``, an 8-byte header
   ``struct.pack('<II', len, zlib.crc32(b))`` and one ``f.write`` to a local file;
 * sqlite3 in WAL mode: ``executemany`` of ``(key, value blob)`` in one transaction, read
-  back with ``SELECT key, value FROM kv ORDER BY rowid``;
+  back with ``SELECT key, value FROM kv ORDER BY rowid``; or one CBOR blob per record
+  (``log`` table) read back with ``SELECT record ... ORDER BY rowid``;
+* the naive loop's file read back record by record (header, CRC, ``cbor2.loads``);
 * JSON lines: ``json.dumps`` and one write per record, read back with ``json.loads`` per line.
 
 Every writer ends with its data durable (``fsync``, or sqlite's commit in WAL mode with
@@ -19,12 +21,13 @@ import os
 import sqlite3
 import struct
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import cbor2
 
-_header = struct.Struct("<II").pack
+_header_struct = struct.Struct("<II")
+_header = _header_struct.pack
 _crc32 = zlib.crc32
 
 
@@ -88,6 +91,35 @@ def sqlite_read_records(path: str) -> dict[Any, Any]:
     finally:
         conn.close()
     return state
+
+
+def sqlite_read_applying(path: str, apply: Callable[[Any], None]) -> None:
+    """The log table read back in order, each record decoded and given to ``apply``:
+    the same per-record work as a restore's replay, over sqlite3's ordered read."""
+    loads = cbor2.loads
+    conn = sqlite3.connect(path)
+    try:
+        for (blob,) in conn.execute("SELECT record FROM log ORDER BY rowid"):
+            apply(loads(blob))
+    finally:
+        conn.close()
+
+
+def naive_read(path: str, apply: Callable[[Any], None]) -> None:
+    """The naive loop's file read back: per record, its 8-byte header, a CRC check,
+    ``cbor2.loads`` and ``apply``."""
+    loads = cbor2.loads
+    unpack = _header_struct.unpack_from
+    with open(path, "rb") as f:
+        data = f.read()
+    pos, end = 0, len(data)
+    while pos < end:
+        length, crc = unpack(data, pos)
+        body = data[pos + 8 : pos + 8 + length]
+        if _crc32(body) != crc:
+            raise ValueError(f"naive log damaged at {pos}")
+        apply(loads(body))
+        pos += 8 + length
 
 
 def sqlite_checkpoint(path: str) -> None:

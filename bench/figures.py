@@ -33,6 +33,8 @@ class Figure:
     baseline_label: str = ""
     ratio: float | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    #: (slowest - fastest) / fastest over the runs behind the figure, where it is a best-of.
+    spread: float | None = None
 
 
 def vs_baseline(
@@ -117,8 +119,9 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def table(figures: list[Figure]) -> str:
-    """The figures as a plain-text table: benchmark | measured | baseline | ratio | target | result."""
-    head = ("issue", "benchmark", "measured", "baseline", "ratio", "target", "result")
+    """The figures as a plain-text table: benchmark | measured | baseline | ratio | target |
+    result | spread."""
+    head = ("issue", "benchmark", "measured", "baseline", "ratio", "target", "result", "spread")
     rows = [head]
     for f in figures:
         base = _fmt(f.baseline, f.unit)
@@ -126,7 +129,8 @@ def table(figures: list[Figure]) -> str:
             base = f"{base} ({f.baseline_label})"
         ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
         result = "info" if f.passed is None else "PASS" if f.passed else "FAIL"
-        rows.append((f.issue, f.name, _fmt(f.measured, f.unit), base, ratio, f.target, result))
+        spread = "" if f.spread is None else f"{f.spread:.0%}"
+        rows.append((f.issue, f.name, _fmt(f.measured, f.unit), base, ratio, f.target, result, spread))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for i, r in enumerate(rows):

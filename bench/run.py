@@ -1,4 +1,4 @@
-"""persistlog's benchmark harness: ``make bench`` (full, < 10 min) or ``bench/run.py --quick``.
+"""persistlog's benchmark harness: ``make bench`` (full, ~30 min) or ``bench/run.py --quick``.
 
 Every figure is a ratio (or a limit) measured in this process, in this run, against its
 baseline, so that a slower or busier machine moves both sides alike. The table goes to
@@ -18,6 +18,7 @@ from typing import Any
 import core
 import follower
 import s3
+import shapes
 import spark_stream
 from figures import Figure, info, save, table, vs_baseline
 from workload import Config, Scratch, scratch
@@ -33,6 +34,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    "shapes": shapes.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }
@@ -83,7 +85,7 @@ def selected(only: list[str], with_spark: bool) -> list[tuple[str, Benchmark]]:
     if spark is not None:
         everything.append(("spark.run", spark))
     if not only:
-        return [(name, b) for name, b in everything if with_spark or not name.startswith("spark.")]
+        return [(name, b) for name, b in everything if with_spark or "spark" not in name.split(".")]
     unknown = [o for o in only if not any(_matches(o, name) for name, _ in everything)]
     if unknown:
         known = sorted({name.split(".")[0] for name, _ in everything} | {name for name, _ in everything})
@@ -93,13 +95,17 @@ def selected(only: list[str], with_spark: bool) -> list[tuple[str, Benchmark]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller workloads (< 2 minutes)")
+    parser.add_argument("--quick", action="store_true", help="smaller workloads (~6 minutes)")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
                         help="run only this group or benchmark (repeatable, or comma-separated)")
     parser.add_argument("--restore-gib", type=float, default=None,
                         help="size of the log for the restore-memory figure (default 2, 0.25 with --quick)")
     parser.add_argument("--idle-seconds", type=float, default=None,
                         help="how long the idle S3 log is watched for LIST calls (default 60, 10 with --quick)")
+    parser.add_argument("--shapes", default=None, metavar="LIST",
+                        help=f"record shapes of the shapes group, comma-separated (default: {','.join(shapes.SHAPES)})")
+    parser.add_argument("--shape-records", type=int, default=None,
+                        help="records per shape (default 500000, 100000 with --quick)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="run bench/spark_bench.py if present (default: yes, except with --quick)")
     parser.add_argument("--moto-in-process", action="store_true",
@@ -123,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg.restore_gib = args.restore_gib
     if args.idle_seconds is not None:
         cfg.idle_seconds = args.idle_seconds
+    if args.shapes is not None:
+        unknown = sorted(set(args.shapes.split(",")) - set(shapes.SHAPES))
+        if unknown:
+            parser.error(f"unknown shape(s) {unknown}; known: {', '.join(shapes.SHAPES)}")
+        cfg.shapes = tuple(args.shapes.split(","))
+    if args.shape_records is not None:
+        cfg.shape_records = args.shape_records
     cfg.tmpdir = args.tmpdir
     cfg.moto_in_process = args.moto_in_process
     only = [o for entry in args.only for o in entry.split(",") if o]

@@ -67,6 +67,17 @@ def _best(fn: Callable[[], None]) -> float:
     return time.perf_counter() - t
 
 
+def _alternate(persistlog_read: Callable[[], None], json_read: Callable[[], None]) -> dict[str, list[float]]:
+    """Both readers warmed up once, then timed ``REPEATS`` times alternately."""
+    persistlog_read()
+    json_read()
+    times: dict[str, list[float]] = {"persistlog": [], "json": []}
+    for _ in range(REPEATS):
+        times["persistlog"].append(_best(persistlog_read))
+        times["json"].append(_best(json_read))
+    return times
+
+
 def run(n_records: int) -> dict[str, Any]:
     """Rows/s of both readers into a noop write, their ratio, and their bytes on disk."""
     import spark_replay
@@ -88,12 +99,7 @@ def run(n_records: int) -> dict[str, Any]:
             def json_read() -> None:
                 spark.read.schema(JSON_SCHEMA).json(json_path).write.format("noop").mode("overwrite").save()
 
-            persistlog_read()
-            json_read()
-            times: dict[str, list[float]] = {"persistlog": [], "json": []}
-            for _ in range(REPEATS):
-                times["persistlog"].append(_best(persistlog_read))
-                times["json"].append(_best(json_read))
+            times = _alternate(persistlog_read, json_read)
             count = spark.read.format("persistlog").load(log_url).count()
             assert count == n_records, (count, n_records)
         finally:
@@ -110,6 +116,54 @@ def run(n_records: int) -> dict[str, Any]:
         }
         log.info("spark: %s", result)
         return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_shapes(shapes: list[tuple[str, list[dict[str, Any]], str]]) -> dict[str, dict[str, float]]:
+    """For each ``(name, records, json_schema)``: rows/s of the persistlog source (a log
+    written with ``update()`` per record, so ~1 MiB batches) and of Spark's JSON reader
+    with that explicit schema, best of ``REPEATS`` alternate runs, in one session."""
+    import spark_replay
+
+    root = tempfile.mkdtemp(prefix="spark-shapes-")
+    out: dict[str, dict[str, float]] = {}
+    try:
+        paths = {}
+        for name, recs, _schema in shapes:
+            log_url, json_path = os.path.join(root, f"{name}-log"), os.path.join(root, f"{name}.jsonl")
+            import persistlog
+
+            lg = persistlog.open(log_url, lambda emit: None, rotate_bytes=None)
+            for r in recs:
+                lg.update(r)
+            lg.close()
+            _write_json(json_path, recs)
+            paths[name] = (log_url, json_path, len(recs))
+        spark = spark_replay.local_session("persistlog-bench-shapes", master="local[*]")
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            for name, _recs, schema in shapes:
+                log_url, json_path, n = paths[name]
+
+                def persistlog_read() -> None:
+                    spark.read.format("persistlog").load(log_url).write.format("noop").mode("overwrite").save()
+
+                def json_read() -> None:
+                    spark.read.schema(schema).json(json_path).write.format("noop").mode("overwrite").save()
+
+                times = _alternate(persistlog_read, json_read)
+                out[name] = {
+                    "records": n,
+                    "persistlog_rows_per_s": n / min(times["persistlog"]),
+                    "json_rows_per_s": n / min(times["json"]),
+                    "persistlog_spread": (max(times["persistlog"]) - min(times["persistlog"])) / min(times["persistlog"]),
+                    "json_spread": (max(times["json"]) - min(times["json"])) / min(times["json"]),
+                }
+                log.info("spark shape %s: %s", name, out[name])
+        finally:
+            spark.stop()
+        return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -112,6 +112,15 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def cpu_timed(fn: Callable[[], Any]) -> float:
+    """CPU seconds (every thread of this process) ``fn()`` took: unlike wall time, not
+    stretched by other processes' work on a shared machine. For work that does not wait
+    (decoding, encoding, page-cache reads), it is the wall time of an idle machine."""
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
 def interleaved(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """Call each of ``runs`` (returning its own seconds) ``repeats`` times, round-robin, so
     that noise from other work on the machine spreads over all of them alike."""
@@ -170,6 +179,11 @@ class Config:
     idle_seconds: float = 60.0
     lag_samples: int = 500
     lag_interval: float = 0.01
+    shape_records: int = 500_000
+    shapes: tuple[str, ...] = ("old", "flat", "nested", "wide")
+    heap_objects: int = 1_000_000
+    restart_keys: int = 1_000_000
+    restart_updates: int = 5_000_000
     tmpdir: str | None = None
     moto_in_process: bool = False
 
@@ -188,4 +202,7 @@ class Config:
             paced_seconds=4.0,
             idle_seconds=10.0,
             lag_samples=150,
+            shape_records=100_000,
+            restart_keys=100_000,
+            restart_updates=500_000,
         )

@@ -50,10 +50,22 @@ class AppendFile(abc.ABC):
         unsynced tail as lost.
         """
 
+    @abc.abstractmethod
+    def truncate(self, size: int) -> None:
+        """Cut the file back to ``size`` bytes, unflushed ones included.
+
+        A writer undoes with it an append that an interruption (``KeyboardInterrupt``) may
+        have left half done; only bytes past everything it synced are ever cut.
+        """
+
     @property
     @abc.abstractmethod
     def size(self) -> int:
-        """Bytes in the file, including the unflushed ones written through this handle."""
+        """Bytes in the file, including the unflushed ones written through this handle.
+
+        Exact even after an interrupted ``write``/``flush``: an exception that is not an
+        ``OSError`` never leaves a byte counted twice or not at all.
+        """
 
     @abc.abstractmethod
     def close(self) -> None:

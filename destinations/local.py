@@ -224,9 +224,14 @@ class LocalDestination(Destination):
 class LocalAppendFile(AppendFile):
     """An ``O_APPEND`` file descriptor with a small user-space buffer.
 
-    After a failed write or sync the handle is broken: every later call raises, because the
-    bytes on disk no longer match what the caller believes it wrote (and a failed
-    ``fdatasync`` may have dropped dirty pages that a retry would not report).
+    After a failed write or sync (an ``OSError``) the handle is broken: every later call
+    raises, because the bytes on disk no longer match what the caller believes it wrote
+    (and a failed ``fdatasync`` may have dropped dirty pages that a retry would not report).
+
+    Any other exception (a ``KeyboardInterrupt`` raised between a ``write(2)`` and the
+    bookkeeping after it) leaves the handle usable: ``_unsure`` stays set across the
+    write, and the next call settles it from the file's real size, so that no byte is
+    written twice or lost.
     """
 
     def __init__(self, fd: int, path: str) -> None:
@@ -236,6 +241,8 @@ class LocalAppendFile(AppendFile):
         self._lock = threading.Lock()
         self._closed = False
         self._error: BaseException | None = None
+        self._on_disk = os.fstat(fd).st_size  # the file's size, where the buffer starts
+        self._unsure = False
 
     def __repr__(self) -> str:
         return f"LocalAppendFile({self._path!r})"
@@ -247,6 +254,16 @@ class LocalAppendFile(AppendFile):
             raise OSError(
                 errno.EIO, f"{self._path} failed earlier and accepts no more writes"
             ) from self._error
+        if self._unsure:
+            self._settle()
+
+    def _settle(self) -> None:
+        """After an interrupted write: drop from the buffer what reached the file."""
+        size = os.fstat(self._fd).st_size
+        if size > self._on_disk:
+            del self._buffer[: size - self._on_disk]
+        self._on_disk = size
+        self._unsure = False
 
     def write(self, data: bytes) -> None:
         with self._lock:
@@ -271,15 +288,33 @@ class LocalAppendFile(AppendFile):
             self._drain()
             try:
                 os.fdatasync(self._fd)
-            except BaseException as e:
+            except OSError as e:
                 self._error = e
                 raise
+
+    def truncate(self, size: int) -> None:
+        with self._lock:
+            self._check()
+            if size >= self._on_disk:
+                del self._buffer[size - self._on_disk:]
+                return
+            del self._buffer[:]
+            self._unsure = True
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError as e:
+                self._error = e
+                raise
+            self._on_disk = size
+            self._unsure = False
 
     @property
     def size(self) -> int:
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self._path} is closed")
+            if self._unsure:
+                self._settle()
             # fstat, not a position: with O_APPEND the offset says nothing about the size.
             return os.fstat(self._fd).st_size + len(self._buffer)
 
@@ -287,25 +322,40 @@ class LocalAppendFile(AppendFile):
         with self._lock:
             if self._closed:
                 return
-            try:
-                if self._error is None:
+            if self._error is None:
+                try:
+                    if self._unsure:
+                        self._settle()
                     self._drain()
-            finally:
-                self._closed = True
-                os.close(self._fd)
+                except OSError:
+                    self._closed = True
+                    os.close(self._fd)
+                    raise
+            # An interruption above leaves the file open: closing again finishes.
+            self._closed = True
+            os.close(self._fd)
 
     def _drain(self) -> None:
-        if self._buffer:
-            data = bytes(self._buffer)
-            self._buffer.clear()
-            self._write_through(data)
+        while self._buffer:
+            self._unsure = True
+            try:
+                written = os.write(self._fd, self._buffer)
+            except OSError as e:
+                self._error = e
+                raise
+            del self._buffer[:written]
+            self._on_disk += written
+            self._unsure = False
 
     def _write_through(self, data: bytes) -> None:
+        self._unsure = True
         try:
             _write_all(self._fd, data)
-        except BaseException as e:
+        except OSError as e:
             self._error = e
             raise
+        self._on_disk += len(data)
+        self._unsure = False
 
 
 class LocalLock(WriterLock):

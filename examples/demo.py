@@ -266,14 +266,16 @@ def follow_restart(report: Report, url: str, args: argparse.Namespace, restored_
                  "the restarted service carried on from the restored state",
                  f"updates {restored_last + 1:,}..{final_i:,}, closed cleanly")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and follower.error is None:
-        cursor = follower.cursor
-        if cursor is not None and cursor.next_lsn > final_lsn and follower.wait_caught_up(0.05):
-            break
-        time.sleep(0.05)
-    follower.stop()
-    if follower.error is not None:
-        report.check(False, "the follower kept up", repr(follower.error))
+    try:
+        # wait_caught_up() and stop() raise the error that stopped the follower, if any.
+        while time.monotonic() < deadline:
+            cursor = follower.cursor
+            if cursor is not None and cursor.next_lsn > final_lsn and follower.wait_caught_up(0.05):
+                break
+            time.sleep(0.05)
+        follower.stop()
+    except Exception as e:
+        report.check(False, "the follower kept up", repr(e))
         return replica
     lag = follower.lag()
     report.say(f"the follower applied {follower.applied_records:,} records, reset {follower.resets} time(s), "

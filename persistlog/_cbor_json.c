@@ -697,8 +697,352 @@ done:
     return result;
 }
 
+/* -- record boundaries -------------------------------------------------------------------
+ *
+ * Where each record of a batch payload starts, without building a Python object, so
+ * that readers can decode a batch in slices that stay in the CPU cache instead of in one
+ * call that keeps every record of the batch alive at once.
+ *
+ * The walk accepts only CBOR that cbor2 decodes without fail under persistlog's decoder
+ * options: integers, floats, definite-length byte strings, definite-length text strings of
+ * valid UTF-8, definite-length arrays and maps, false, true, null and undefined, nested at
+ * most BOUNDS_MAX_DEPTH deep. Anything else (tags, whose meaning can fail to decode;
+ * indefinite lengths; other simple values; damage; not exactly ``count`` items up to the
+ * end) makes the call return None, and the caller decodes the batch whole, as before,
+ * which judges the bytes. So when this answers, every slice decodes, and a batch is
+ * either replayed whole or reported damaged exactly as the whole-batch decoder would.
+ */
+
+#define BOUNDS_MAX_DEPTH 256
+
+/* Steps over one item; FALLBACK if it is outside the subset or runs past the end. */
+static int
+skip_item(In *in, int depth)
+{
+    if (depth > BOUNDS_MAX_DEPTH)
+        return FALLBACK;
+    int major, info;
+    uint64_t arg;
+    int rc = read_head(in, &major, &arg, &info);
+    if (rc != OK)
+        return rc;
+    switch (major) {
+    case 0:
+    case 1:
+        return OK;
+    case 2:
+        if (arg > (uint64_t)(in->end - in->p))
+            return FALLBACK;
+        in->p += arg;
+        return OK;
+    case 3: {
+        if (arg > (uint64_t)(in->end - in->p))
+            return FALLBACK;
+        const unsigned char *s = in->p;
+        Py_ssize_t n = (Py_ssize_t)arg;
+        for (Py_ssize_t i = 0; i < n;) {
+            if (s[i] < 0x80) {
+                i++;
+                continue;
+            }
+            int k = utf8_seq(s + i, n - i);
+            if (k == 0)
+                return FALLBACK;
+            i += k;
+        }
+        in->p += n;
+        return OK;
+    }
+    case 4:
+    case 5: {
+        /* Each item takes a byte at least: a count the bytes cannot hold is damage. */
+        uint64_t items = arg;
+        if (major == 5) {
+            if (items > (uint64_t)(in->end - in->p) / 2)
+                return FALLBACK;
+            items *= 2;
+        } else if (items > (uint64_t)(in->end - in->p)) {
+            return FALLBACK;
+        }
+        for (uint64_t i = 0; i < items; i++) {
+            if ((rc = skip_item(in, depth + 1)) != OK)
+                return rc;
+        }
+        return OK;
+    }
+    case 6:
+        return FALLBACK;
+    default:
+        switch (info) {
+        case 20: case 21: case 22: case 23: case 25: case 26: case 27:
+            return OK;
+        default:
+            return FALLBACK;
+        }
+    }
+}
+
+PyDoc_STRVAR(record_bounds_doc,
+"record_bounds(payload, count, skip, slice_bytes) -> (indices, offsets) or None\n\n"
+"Walks the ``count`` CBOR items of ``payload`` without decoding them. The first\n"
+"``skip`` items are stepped over; the records after them are cut into slices of about\n"
+"``slice_bytes`` bytes: ``indices[i]`` is the index (counted after the skipped items) of\n"
+"the first record of slice i and ``offsets[i]`` its byte offset; the last entries are\n"
+"the record count and len(payload). None if the items are not exactly ``count``\n"
+"items of the subset cbor2 always decodes: decode the payload whole then.");
+
+static PyObject *
+record_bounds(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t count, skip, slice_bytes;
+    if (!PyArg_ParseTuple(args, "y*nnn:record_bounds", &view, &count, &skip, &slice_bytes))
+        return NULL;
+    PyObject *indices = NULL, *offsets = NULL, *result = NULL;
+    const unsigned char *base = (const unsigned char *)view.buf;
+    In in = {base, base + view.len};
+    int rc = OK;
+    if (count < 0 || skip < 0 || skip > count || count > view.len || slice_bytes < 1) {
+        rc = FALLBACK;
+        goto done;
+    }
+    indices = PyList_New(0);
+    offsets = PyList_New(0);
+    if (indices == NULL || offsets == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < skip && rc == OK; i++)
+        rc = skip_item(&in, 0);
+    Py_ssize_t start = in.p - base; /* where the current slice began */
+    for (Py_ssize_t i = skip; i <= count && rc == OK; i++) {
+        Py_ssize_t at = in.p - base;
+        if (i == skip || i == count || at - start >= slice_bytes) {
+            PyObject *index = PyLong_FromSsize_t(i - skip);
+            PyObject *offset = PyLong_FromSsize_t(at);
+            int bad = index == NULL || offset == NULL || PyList_Append(indices, index) < 0
+                || PyList_Append(offsets, offset) < 0;
+            Py_XDECREF(index);
+            Py_XDECREF(offset);
+            if (bad)
+                goto done;
+            start = at;
+        }
+        if (i < count)
+            rc = skip_item(&in, 0);
+    }
+    if (rc == OK && in.p != in.end)
+        rc = FALLBACK;
+    if (rc == OK)
+        result = PyTuple_Pack(2, indices, offsets);
+done:
+    Py_XDECREF(indices);
+    Py_XDECREF(offsets);
+    PyBuffer_Release(&view);
+    if (rc == NOMEM)
+        return PyErr_NoMemory();
+    if (rc == FALLBACK && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return result;
+}
+
+/* -- records as Python values --------------------------------------------------------------
+ *
+ * The records of one slice built straight from their bytes: the values cbor2 decodes
+ * (lists, dicts, str, bytes, int, float, bool, None) for the subset the boundary finder
+ * vouches for, without cbor2's per-item machinery for tags, sharing and immutability.
+ * Short text strings are shared: the same bytes give the same str object (a small
+ * direct-mapped cache), so map keys repeated in every record are not rebuilt, nor hashed
+ * again when they go into a dict. Anything this does not build the way cbor2 would (a
+ * container as a map key, undefined) returns None: the caller decodes with cbor2.
+ */
+
+#ifndef SHARED_TEXT_MAX
+#define SHARED_TEXT_MAX 24
+#endif
+#define SHARED_TEXT_SLOTS 512
+
+typedef struct {
+    PyObject *text; /* a str, or NULL */
+    Py_ssize_t n;
+    unsigned char bytes[SHARED_TEXT_MAX];
+} SharedText;
+
+/* Process-wide, guarded by the GIL: nothing in a lookup releases it. */
+static SharedText shared_text[SHARED_TEXT_SLOTS];
+
+static PyObject *
+text_value(const unsigned char *s, Py_ssize_t n)
+{
+    if (n > SHARED_TEXT_MAX)
+        return PyUnicode_DecodeUTF8((const char *)s, n, "strict");
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (Py_ssize_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 16777619u;
+    SharedText *slot = &shared_text[(h ^ (uint32_t)n) & (SHARED_TEXT_SLOTS - 1)];
+    if (slot->text != NULL && slot->n == n && memcmp(slot->bytes, s, (size_t)n) == 0) {
+        Py_INCREF(slot->text);
+        return slot->text;
+    }
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)s, n, "strict");
+    if (text == NULL)
+        return NULL;
+    Py_XSETREF(slot->text, Py_NewRef(text));
+    slot->n = n;
+    memcpy(slot->bytes, s, (size_t)n);
+    return text;
+}
+
+/* One item as a Python value; NULL with no error set means "not built here". */
+static PyObject *
+build_item(In *in, int depth, int as_key)
+{
+    if (depth > BOUNDS_MAX_DEPTH)
+        return NULL;
+    int major, info;
+    uint64_t arg;
+    if (read_head(in, &major, &arg, &info) != OK)
+        return NULL;
+    switch (major) {
+    case 0:
+        return PyLong_FromUnsignedLongLong(arg);
+    case 1:
+        if (arg <= (uint64_t)INT64_MAX)
+            return PyLong_FromLongLong(-1 - (long long)arg);
+        else {
+            PyObject *u = PyLong_FromUnsignedLongLong(arg);
+            if (u == NULL)
+                return NULL;
+            PyObject *minus_one = PyLong_FromLong(-1);
+            PyObject *r = minus_one == NULL ? NULL : PyNumber_Subtract(minus_one, u);
+            Py_XDECREF(minus_one);
+            Py_DECREF(u);
+            return r;
+        }
+    case 2:
+        if (arg > (uint64_t)(in->end - in->p))
+            return NULL;
+        in->p += arg;
+        return PyBytes_FromStringAndSize((const char *)in->p - arg, (Py_ssize_t)arg);
+    case 3:
+        if (arg > (uint64_t)(in->end - in->p))
+            return NULL;
+        in->p += arg;
+        return text_value(in->p - arg, (Py_ssize_t)arg);
+    case 4: {
+        if (as_key || arg > (uint64_t)(in->end - in->p))
+            return NULL; /* cbor2 makes a tuple of an array used as a key */
+        PyObject *list = PyList_New((Py_ssize_t)arg);
+        if (list == NULL)
+            return NULL;
+        for (uint64_t i = 0; i < arg; i++) {
+            PyObject *v = build_item(in, depth + 1, 0);
+            if (v == NULL) {
+                Py_DECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+        }
+        return list;
+    }
+    case 5: {
+        if (as_key || arg > (uint64_t)(in->end - in->p) / 2)
+            return NULL;
+        PyObject *dict = PyDict_New();
+        if (dict == NULL)
+            return NULL;
+        for (uint64_t i = 0; i < arg; i++) {
+            PyObject *k = build_item(in, depth + 1, 1);
+            if (k == NULL) {
+                Py_DECREF(dict);
+                return NULL;
+            }
+            PyObject *v = build_item(in, depth + 1, 0);
+            if (v == NULL || PyDict_SetItem(dict, k, v) < 0) {
+                Py_DECREF(k);
+                Py_XDECREF(v);
+                Py_DECREF(dict);
+                return NULL;
+            }
+            Py_DECREF(k);
+            Py_DECREF(v);
+        }
+        return dict;
+    }
+    case 6:
+        return NULL;
+    default:
+        switch (info) {
+        case 20: Py_RETURN_FALSE;
+        case 21: Py_RETURN_TRUE;
+        case 22: Py_RETURN_NONE;
+        case 25: return PyFloat_FromDouble(half_to_double((uint16_t)arg));
+        case 26: {
+            uint32_t bits = (uint32_t)arg;
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            return PyFloat_FromDouble((double)f);
+        }
+        case 27: {
+            double d;
+            memcpy(&d, &arg, sizeof d);
+            return PyFloat_FromDouble(d);
+        }
+        default:
+            return NULL; /* undefined and other simple values: cbor2's objects */
+        }
+    }
+}
+
+PyDoc_STRVAR(decode_slice_doc,
+"decode_slice(payload, start, end, count) -> list or None\n\n"
+"The ``count`` records in ``payload[start:end]`` as the Python values cbor2 decodes,\n"
+"for bytes record_bounds vouched for. None if they hold anything built otherwise here\n"
+"(a container as a map key, undefined, ...): decode them with cbor2 then.");
+
+static PyObject *
+decode_slice(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start, end, count;
+    if (!PyArg_ParseTuple(args, "y*nnn:decode_slice", &view, &start, &end, &count))
+        return NULL;
+    PyObject *list = NULL;
+    if (start < 0 || end > view.len || start > end || count < 0 || count > end - start)
+        goto fallback;
+    In in = {(const unsigned char *)view.buf + start, (const unsigned char *)view.buf + end};
+    list = PyList_New(count);
+    if (list == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = build_item(&in, 0, 0);
+        if (v == NULL)
+            goto fallback;
+        PyList_SET_ITEM(list, i, v);
+    }
+    if (in.p != in.end)
+        goto fallback;
+    goto done;
+fallback:
+    Py_CLEAR(list);
+    if (!PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    /* A str cbor2 would refuse too, or memory: the caller decodes with cbor2, which
+     * reports it as it always did. */
+    if (!PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        PyErr_Clear();
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+done:
+    PyBuffer_Release(&view);
+    return list;
+}
+
 static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
+    {"record_bounds", record_bounds, METH_VARARGS, record_bounds_doc},
+    {"decode_slice", decode_slice, METH_VARARGS, decode_slice_doc},
     {NULL, NULL, 0, NULL},
 };
 

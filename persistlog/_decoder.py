@@ -159,6 +159,98 @@ def split_records(
     return items, bitmap
 
 
+# Records decode in slices of about this many bytes of CBOR: a slice's records are
+# replayed and mostly freed while they are still in the CPU cache, where one call
+# decoding a ~1 MiB batch keeps ~17 k records alive at once and spends most of its time
+# in the allocator and the cyclic GC (bench/README.md has the figures behind the size).
+SLICE_BYTES = 4 * 1024
+
+try:
+    from ._cbor_json import decode_slice as _decode_slice
+    from ._cbor_json import record_bounds as _record_bounds
+except ImportError:  # built without a C compiler: batches decode whole, as they always did
+    _record_bounds = None
+    _decode_slice = None
+
+
+class RecordSlices:
+    """The records of one batch, decoded slice by slice as they are iterated.
+
+    Iterating gives ``(index of the slice's first record, records)`` pairs in order; the
+    slices add up to the batch's records. ``bitmap`` is the mixed batch's kind bitmap
+    (None for other kinds). Damage found while iterating raises :class:`Damage` exactly
+    as decoding the batch whole would; bytes the boundary finder passed never fail to
+    decode, so in practice damage is always found before the first slice is handed out.
+    """
+
+    __slots__ = ("kind", "count", "bitmap", "_slices")
+
+    def __init__(self, kind: int, count: int, bitmap: bytes | None, slices: Iterator[tuple[int, list[Any]]]) -> None:
+        self.kind = kind
+        self.count = count
+        self.bitmap = bitmap
+        self._slices = slices
+
+    def __iter__(self) -> Iterator[tuple[int, list[Any]]]:
+        return self._slices
+
+    def kinds(self) -> RecordKinds:
+        """The kind of every record of the batch."""
+        return RecordKinds(self.kind, self.bitmap, self.count)
+
+
+def record_slices(
+    header: BatchHeader, raw: bytes, offset: int, loads: Any, slice_bytes: int | None = None,
+    *, plain: bool = True,
+) -> RecordSlices:
+    """The batch's records as :class:`RecordSlices` of about ``slice_bytes`` each.
+
+    Record boundaries come from the C boundary finder, which builds no objects. Where it
+    is not built, or the payload holds anything it does not vouch for (tags, indefinite
+    lengths, damage...), the batch is decoded whole by :func:`split_records` and is one
+    slice: never slower than decoding it whole, and damage is reported the same way.
+
+    With ``plain`` (``loads`` gives cbor2's values for tag-free CBOR, as every Codec's
+    does), slices the finder vouched for are built in C, faster than cbor2 builds them
+    and with short strings shared; ``plain=False`` leaves every slice to ``loads``.
+    """
+    mixed = header.kind == F.KIND_MIXED
+    if _record_bounds is None:
+        bounds = None
+    else:
+        bounds = _record_bounds(raw, header.count + mixed, int(mixed), slice_bytes or SLICE_BYTES)
+    if bounds is None:
+        records, bitmap = split_records(header, raw, offset, loads)
+        return RecordSlices(header.kind, header.count, bitmap, iter(((0, records),)))
+    indices, offsets = bounds
+    bitmap = None
+    if mixed:
+        bitmap = loads(raw[: offsets[0]])
+        if not isinstance(bitmap, bytes) or len(bitmap) != (header.count + 7) >> 3:
+            split_records(header, raw, offset, loads)  # raises the whole batch's verdict
+            raise Damage("mixed batch without a valid kind bitmap", offset)
+    slices = _decode_slices(header, raw, offset, loads, indices, offsets, _decode_slice if plain else None)
+    return RecordSlices(header.kind, header.count, bitmap, slices)
+
+
+def _decode_slices(
+    header: BatchHeader, raw: bytes, offset: int, loads: Any, indices: list[int], offsets: list[int],
+    build: Any,
+) -> Iterator[tuple[int, list[Any]]]:
+    for i in range(len(indices) - 1):
+        lo, hi = offsets[i], offsets[i + 1]
+        items = None if build is None else build(raw, lo, hi, indices[i + 1] - indices[i])
+        if items is not None:
+            yield indices[i], items
+            continue
+        try:
+            items = loads(b"\x9f" + raw[lo:hi] + b"\xff")
+        except Exception as e:
+            split_records(header, raw, offset, loads)  # raises the whole batch's verdict
+            raise Damage(f"batch payload is not a CBOR sequence: {e}", offset) from None
+        yield indices[i], items
+
+
 def control_records(header: BatchHeader, raw: bytes, offset: int) -> list[dict[str, Any]]:
     records, _ = split_records(header, raw, offset, plain_loads)
     for r in records:

@@ -10,7 +10,8 @@
     ├── LogClosedError         the Log was closed (also a RuntimeError)
     ├── EnumerateError         the app's enumerate_all raised during a rotation
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
-    └── ResetRequired          a follower's cursor points at data retention already deleted
+    ├── ResetRequired          a follower's cursor points at data retention already deleted
+    └── ExistingLogError       open() over records nobody restored (restore first, or discard)
 
 Misuse of the API (wrong types, unknown options) raises the built-in ``TypeError`` or
 ``ValueError`` with a message that says what is wrong.
@@ -89,3 +90,14 @@ class LogNotFoundError(PersistLogError, FileNotFoundError):
 class ResetRequired(PersistLogError):
     """A follower cannot continue from its cursor (retention deleted what it needs, or the
     cursor is ahead of the log) and no ``on_reset`` hook was given."""
+
+
+class ExistingLogError(PersistLogError):
+    """``open()`` found records at the destination that this process did not restore.
+
+    Opening starts a new complete log from ``enumerate_all``; over records the app never
+    replayed, that log would say the state is empty and retention would then delete the
+    real one. Restore first (``open(url, enumerate_all, replay=...)``, or
+    ``restore(url, ...)`` then ``open(url, ...)`` with nothing written in between), or pass
+    ``discard_existing=True`` to start over on purpose.
+    """

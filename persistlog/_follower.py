@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import Any
@@ -31,7 +32,7 @@ from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
 from ._reader import Batch, LogScanner
-from ._restore import plan, scan_from
+from ._restore import gc_pause, plan, scan_from
 
 log = logging.getLogger("persistlog")
 
@@ -175,6 +176,11 @@ class Follower:
         self._seen_commit_us = 0
         self._applied_commit_us = 0
         self._caught_up = threading.Event()
+        # A batch a replay raised in: ((log, segment, offset), records of it replayed).
+        self._partial: tuple[tuple[int, int, int], int] | None = None
+        # Whether FollowedBatch.records are gathered: only for an app iterating the
+        # follower, since holding a whole batch's records costs restore-like speed.
+        self._keep_records = True
 
     # -- public -------------------------------------------------------------------------
 
@@ -185,10 +191,16 @@ class Follower:
 
     @property
     def error(self) -> BaseException | None:
-        """What stopped the background thread, if anything."""
+        """What stopped the background thread, if anything (``wait_caught_up()``, ``lag()``
+        and ``stop()`` raise it)."""
         return self._error
 
     def lag(self) -> Lag:
+        """How far behind the newest record seen this follower is.
+
+        Raises the error that stopped the background thread, if one did.
+        """
+        self._raise_error()
         applied = (self._cursor.next_lsn - 1) if self._cursor else 0
         records = max(0, self._seen_lsn - applied)
         seconds = max(0.0, (self._seen_commit_us - self._applied_commit_us) / 1e6) if records else 0.0
@@ -196,10 +208,14 @@ class Follower:
 
     def poll(self) -> int:
         """Apply whatever is new right now; returns the number of records applied."""
-        n = 0
-        for fb in self._poll_once():
-            n += len(fb.records)
-        return n
+        before = self.applied_records
+        self._keep_records = False
+        try:
+            for _fb in self._poll_once():
+                pass
+        finally:
+            self._keep_records = True
+        return self.applied_records - before
 
     def __repr__(self) -> str:
         if self._error is not None:
@@ -215,8 +231,19 @@ class Follower:
         )
 
     def wait_caught_up(self, timeout: float | None = None) -> bool:
-        """Block until a poll found nothing new (background mode)."""
-        return self._caught_up.wait(timeout)
+        """Block until a poll found nothing new (background mode); False on timeout.
+
+        Like ``Future.result()``, raises the error that stopped the background thread (the
+        app's own exception from ``replay``, or a :class:`PersistLogError`).
+        """
+        self._raise_error()
+        caught_up = self._caught_up.wait(timeout)
+        self._raise_error()
+        return caught_up
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     def start(self) -> Follower:
         """Follow on a background thread."""
@@ -227,11 +254,16 @@ class Follower:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop following; the cursor stays valid for a later resume."""
+        """Stop following; the cursor stays valid for a later resume.
+
+        If an error stopped the background thread, it is raised once everything is let go
+        (leaving a ``with`` block raises it too, unless another exception is on its way).
+        """
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         self.dest.close()
+        self._raise_error()
 
     def __enter__(self) -> Follower:
         if self._thread is None:
@@ -241,10 +273,22 @@ class Follower:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop()
+        if exc is None:
+            self.stop()
+            return
+        try:
+            self.stop()
+        except BaseException as e:
+            if e is not self._error:
+                raise
+            log.debug("follower of %s had stopped on %r before %r", self.dest.url, e, exc)
 
     def __iter__(self) -> Iterator[FollowedBatch]:
+        return self._batches(keep_records=True)
+
+    def _batches(self, keep_records: bool) -> Iterator[FollowedBatch]:
         while not self._stop.is_set():
+            self._keep_records = keep_records
             got = False
             for fb in self._poll_once():
                 if not got:
@@ -259,7 +303,7 @@ class Follower:
 
     def _run(self) -> None:
         try:
-            for _ in self:
+            for _ in self._batches(keep_records=False):
                 pass
         except BaseException as e:
             self._error = e
@@ -267,11 +311,23 @@ class Follower:
             self._caught_up.set()
 
     def _apply(self, batch: Batch, next_lsn: int, after: Cursor) -> FollowedBatch:
-        """Replay one batch; the cursor moves past it only once the app took it, so a
-        replay that raises gets the same batch again at the next poll."""
+        """Replay one batch, slice by slice; the cursor moves past it only once the app
+        took all of it, so a replay that raises gets the rest of the batch (from the
+        record it raised on) at the next poll."""
         kinds: Sequence[str]
+        records: list[Any] = []
+        where = (batch.log, batch.segment, batch.offset)
+        # Records of this batch a replay that raised already took: not given twice.
+        done = self._partial[1] if self._partial is not None and self._partial[0] == where else 0
         try:
-            records, kinds = batch.records_and_kinds(self._loads)
+            slices = batch.record_slices(self._loads)
+            kinds = slices.kinds()
+            for first, part in slices:
+                if first + len(part) > done:
+                    skip = max(0, done - first)
+                    self._replay_slice(part[skip:] if skip else part, where, first + skip)
+                if self._keep_records:
+                    records.extend(part)
         except Damage as d:
             # Checksums held but the records do not decode: corruption like any other.
             # (Skip mode passes over it: an empty batch, its LSNs not applied.)
@@ -283,12 +339,7 @@ class Follower:
             log.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
                         self.dest.url, batch.log, name, batch.offset, d.reason)
             records, kinds = [], []
-        if self._replay_batch is not None:
-            self._replay_batch(records)
-        elif self._replay is not None:
-            for r in records:
-                self._replay(r)
-        self.applied_records += len(records)
+        self._partial = None
         commit = batch.header.commit_us
         self._applied_commit_us = commit
         if next_lsn - 1 > self._seen_lsn:
@@ -296,6 +347,25 @@ class Follower:
             self._seen_commit_us = commit
         self._cursor = after
         return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after, kinds)
+
+    def _replay_slice(self, records: list[Any], where: tuple[int, int, int], before: int) -> None:
+        """Replay records of the batch at ``where`` that follow its first ``before``; if the
+        replay raises, remember how many it took, so that the batch (read again at the next
+        poll) resumes after them."""
+        self._partial = (where, before)
+        if self._replay_batch is not None:
+            self._replay_batch(records)
+        elif self._replay is not None:
+            replay = self._replay
+            i = 0
+            try:
+                for i, r in enumerate(records):
+                    replay(r)
+            except BaseException:
+                self._partial = (where, before + i)
+                self.applied_records += i
+                raise
+        self.applied_records += len(records)
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1
@@ -320,14 +390,17 @@ class Follower:
         self._at_end = False
         # Only an appended segment can be caught mid-write; objects are written whole.
         tail_ok = self.dest.appendable
-        for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
-            st = scanner.state
-            self._sealed = st.sealed
-            after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
-            if batch.is_control:
-                self._cursor = after
-            else:
-                yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
+        # Catching up is a restore, paused GC and all -- unless an app iterating us runs
+        # its own code between batches.
+        with nullcontext() if self._keep_records else gc_pause.during_replay():
+            for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
+                st = scanner.state
+                self._sealed = st.sealed
+                after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+                if batch.is_control:
+                    self._cursor = after
+                else:
+                    yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
         self._at_end = True
 
     def _reset(self, why: str) -> Iterator[FollowedBatch]:
@@ -337,6 +410,7 @@ class Follower:
         self.resets += 1
         self._on_reset()
         self._cursor = None
+        self._partial = None
         self._sealed = False
         yield from self._sync_from_start()
 
@@ -436,6 +510,11 @@ def follow(
     """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
     records as they arrive.
 
+    ``replay_batch(records)`` gets lists of records in LSN order, as ``restore`` gives
+    them (a stored batch as one list or several). If a replay raises, the next poll goes
+    on from the record it raised on. Catching up from the newest complete log (no
+    cursor) pauses the cyclic GC as :func:`persistlog.restore` does, unless the app
+    iterates the follower itself.
     Nothing runs until you call ``start()`` (or enter ``with``), ``poll()``, or iterate.
     If retention deleted what the cursor needs, or the cursor is ahead of the log,
     ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the

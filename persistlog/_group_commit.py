@@ -16,6 +16,11 @@ Why released one by one, each by the one before it: a crowd of threads woken tog
 all fight over the GIL, and that fight costs more than the chain (the bench measured
 about 6x with the crowd against 9x with the chain, 32 threads against one).
 
+A caller interrupted while it waits (``KeyboardInterrupt`` in the main thread) leaves the
+chain: if its turn had come it passes it on, and whoever it would have woken also looks
+up every ``_RECHECK`` seconds whether the sync that covers it is done, so a turn lost
+to an interruption at the wrong instruction costs a short delay, never a hang.
+
 Slow syncs (a PUT) are the other way round: the released threads are back long before the
 next sync would end, so starting it at once would split the group into two halves taking
 turns. Before a sync at least a millisecond long, the sync thread waits (a bounded while)
@@ -40,12 +45,14 @@ log = logging.getLogger("persistlog")
 # the longest such a wait lasts.
 _GATHER_FROM = 0.001
 _MAX_GATHER = 0.002
+# How often a parked thread checks whether its sync ended without it being woken.
+_RECHECK = 0.05
 
 
 class _Waiter:
     """A parked thread: its record's LSN, the lock it sleeps on, and who to wake after it."""
 
-    __slots__ = ("lsn", "lock", "next", "gone")
+    __slots__ = ("lsn", "lock", "next", "gone", "woken", "served")
 
     def __init__(self, lsn: int) -> None:
         self.lsn = lsn
@@ -53,6 +60,8 @@ class _Waiter:
         self.lock.acquire()
         self.next: _Waiter | None = None
         self.gone = False  # stopped waiting (interrupted): wake the next one instead
+        self.woken = False  # its turn came: it must pass it on
+        self.served = False  # the sync that covers it is over
 
 
 class GroupCommit:
@@ -75,7 +84,10 @@ class GroupCommit:
         self._durable = durable
         self._check = check
         self._name = name
-        self._cv = threading.Condition(threading.Lock())
+        # Callers take the plain lock: Condition's own __enter__ is Python code, and a
+        # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
+        self._mutex = threading.Lock()
+        self._cv = threading.Condition(self._mutex)
         self._chain = threading.Lock()
         self._waiters: list[_Waiter] = []
         self._busy = False  # a caller or the sync thread is syncing
@@ -90,37 +102,42 @@ class GroupCommit:
         """Return once the record at ``lsn`` is durable; raise if it cannot become so."""
         if self._durable() > lsn:
             return
-        with self._cv:
-            # Lead only when nobody is syncing or waiting, and the sync thread is not
-            # serving a group: callers leading while others wait would keep the sync
-            # thread from running, and one coming back first from a group's sync would
-            # sync alone, splitting every group in two.
-            lead = self._stopped or not (self._busy or self._waiters or self._grouped)
+        lead = False
+        try:
+            with self._mutex:
+                # Lead only when nobody is syncing or waiting, and the sync thread is not
+                # serving a group: callers leading while others wait would keep the sync
+                # thread from running, and one coming back first from a group's sync
+                # would sync alone, splitting every group in two.
+                lead = self._stopped or not (self._busy or self._waiters or self._grouped)
+                if lead:
+                    self._busy = True
+                else:
+                    waiter = _Waiter(lsn)
+                    self._waiters.append(waiter)
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                        self._thread.start()
+                    elif self._idle or (self._want and len(self._waiters) >= self._want):
+                        self._cv.notify()
             if lead:
-                self._busy = True
-            else:
-                waiter = _Waiter(lsn)
-                self._waiters.append(waiter)
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                    self._thread.start()
-                elif self._idle or (self._want and len(self._waiters) >= self._want):
-                    self._cv.notify()
-        if lead:
-            try:
                 self._sync(lsn)
-            finally:
-                with self._cv:
-                    self._busy = False
+                return
+        finally:
+            if lead:
+                # First thing, without a call before it: an interruption must not leave
+                # the group commit busy for good (the sync thread's idle wait times out,
+                # so a notify lost below costs a moment only).
+                self._busy = False
+                with self._mutex:
                     if self._waiters and self._idle:
                         self._cv.notify()
-            return
         try:
-            waiter.lock.acquire()
-        except BaseException:  # KeyboardInterrupt in the main thread
+            while not waiter.lock.acquire(timeout=_RECHECK):
+                if waiter.served:
+                    break  # the thread before it in the chain was interrupted
+        finally:  # woken, or interrupted (KeyboardInterrupt): the chain goes on
             self._leave(waiter)
-            raise
-        self._wake(waiter.next)
         if self._durable() > lsn:
             return
         # Not durable: the sync failed, or the log closed first. Say which.
@@ -130,24 +147,27 @@ class GroupCommit:
 
     def stop(self) -> None:
         """Let the sync thread end once it has released its waiters."""
-        with self._cv:
+        with self._mutex:
             self._stopped = True
             self._cv.notify()
 
     def _wake(self, waiter: _Waiter | None) -> None:
-        """Wake ``waiter``, or the first one after it still waiting."""
+        """Wake ``waiter``, or the first one after it still waiting (once each)."""
         while waiter is not None:
             with self._chain:
+                if waiter.woken:
+                    return
                 if not waiter.gone:
+                    waiter.woken = True
                     waiter.lock.release()
                     return
             waiter = waiter.next
 
     def _leave(self, waiter: _Waiter) -> None:
-        """Stop waiting; if our turn had already come, pass it on so the chain goes on."""
+        """Stop waiting; if our turn had come, pass it on so the chain goes on."""
         with self._chain:
             waiter.gone = True
-            woken = waiter.lock.acquire(blocking=False)
+            woken = waiter.woken
         if woken:
             self._wake(waiter.next)
 
@@ -162,7 +182,7 @@ class GroupCommit:
                         self._thread = None
                         return
                     self._idle = True
-                    cv.wait()
+                    cv.wait(_RECHECK)
                     self._idle = False
                 if expect > len(self._waiters) and last_sync >= _GATHER_FROM and not self._stopped:
                     self._gather(expect, min(last_sync / 2, _MAX_GATHER))
@@ -183,6 +203,8 @@ class GroupCommit:
                     self._grouped = expect > 1
                 for before, after in zip(waiters, waiters[1:]):
                     before.next = after
+                for w in waiters:
+                    w.served = True
                 self._wake(waiters[0])
 
     def _gather(self, expect: int, limit: float) -> None:

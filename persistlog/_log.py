@@ -7,18 +7,23 @@ import os
 import signal
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
 from destinations import Destination, destination_url, open_destination
 
+from . import _exit
 from . import _format as F
+from ._api import restore, restored_here
 from ._codec import Codec
 from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
-from ._errors import DestinationError, LogClosedError, PersistLogError
+from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError
 from ._reader import LogScanner, list_logs, read_pointer
 from ._replicas import Replica
+from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Rotator
 from ._writer import LogCore, _Settings
 
@@ -70,6 +75,8 @@ class Log(LogCore):
     ``update()`` appends one record, ``update_many()`` several at once; ``sync()`` makes all
     of them durable; ``rotate()`` starts a fresh log with a new enumeration; ``close()``
     writes what is pending and seals the log. A Log is safe to use from many threads.
+    One left open is closed at the interpreter's exit (or, with a ``ResourceWarning``,
+    once it is collected); ``restored`` is what ``open(..., replay=...)`` restored.
     """
 
     _rotator: Rotator
@@ -85,6 +92,9 @@ class Log(LogCore):
         self._close_lock = threading.Lock()
         self._close_done = False
         self._lease_ttl = LEASE_TTL
+        self._registered = False  # sealed at exit / when collected (open() succeeded)
+        #: What ``open(..., replay=...)`` restored before opening (None without ``replay``).
+        self.restored: RestoreResult | None = None
 
     # -- public API ---------------------------------------------------------------------
 
@@ -94,9 +104,11 @@ class Log(LogCore):
 
     Raises ``TypeError`` before anything is written if the record cannot be encoded, or
     if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
-    32 MiB. In ``buffered`` mode the record reaches the OS within the flush interval; in ``flush``
-    mode before this returns; in ``fsync`` mode (or with ``sync=True``) it is durable
-    before this returns, sharing one fsync with concurrent callers.
+    32 MiB. In ``buffered`` mode (the default) the record reaches the OS within the flush
+    interval (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this
+    returns; in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
+    sharing one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile
+    propagates as itself: the record may or may not be logged, the Log stays usable.
     """
     update_many = LogCore.update_many
     update_many.__doc__ = """Append several records as one unit; returns the LSN of the last
@@ -110,7 +122,11 @@ class Log(LogCore):
     """
 
     def sync(self) -> None:
-        """Make every record appended so far durable (fsync locally, PUT remotely)."""
+        """Make every record appended so far durable (fsync locally, PUT remotely).
+
+        An ``OSError`` from storage fails the Log (:class:`LogFailedError`); an
+        interruption (``KeyboardInterrupt``) propagates as itself and leaves it usable.
+        """
         with self._io_lock:
             self._check()
             self._write_pending()
@@ -127,8 +143,10 @@ class Log(LogCore):
         """Attach a secondary destination and rotate so that it holds a complete log.
 
         Returns once that log is complete at the newcomer (``wait=True``). Every later
-        record goes to it too, through its own writer thread and bounded queue.
+        record goes to it too, through its own writer thread and bounded queue. Raises
+        ``RuntimeError`` if called from inside ``enumerate_all``.
         """
+        self._rotator.refuse_from_rotation_thread("add_destination()")
         self._check()
         url = destination_url(url)
         if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
@@ -168,13 +186,15 @@ class Log(LogCore):
         """Start a new log now; returns its seq once complete (``wait=True``).
 
         If ``enumerate_all`` raises, this raises :class:`EnumerateError` (the app's
-        exception is its cause) and the log keeps working in the incomplete log.
+        exception is its cause) and the log keeps working in the incomplete log. Called
+        from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for itself).
         """
+        self._rotator.refuse_from_rotation_thread("rotate()")
         self._check()
         fut = self._rotator.request(coalesce=False)
         if not wait:
             return None
-        return fut.result(timeout)
+        return self._rotator.wait(fut, timeout)
 
     @property
     def seq(self) -> int:
@@ -227,24 +247,67 @@ class Log(LogCore):
             + [r.stats() for r in list(self._replicas)],
         }
 
-    def close(self) -> None:
+    def close(self, rotate: bool = False) -> None:
         """Wait for a running enumeration, write what is pending, seal, release the lock.
 
         Calls from several threads return once the log is sealed; later calls do nothing.
+        With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
+        resource into a new log), so that the next restore reads one fresh snapshot and
+        none of the updates before it: a slower shutdown for a faster next restore. If
+        that enumeration raises, the log is still closed (restore then reads the previous
+        complete log as usual) and :class:`EnumerateError` is raised after.
+        Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
+        the enumeration it is part of). A Log still open when the interpreter exits is
+        closed then; one collected unclosed warns (``ResourceWarning``) and is closed.
         """
+        self._rotator.refuse_from_rotation_thread("close()")
+        if rotate and not self._close_done:
+            try:
+                self.rotate(wait=True)
+            except PersistLogError:
+                self._close(None)
+                raise
+        self._close(None)
+
+    def _close(self, rotation_wait: float | None) -> None:
         with self._close_lock:
             if self._close_done:
                 return
             self._stop.set()
-            self._rotator.close()
+            self._rotator.close(rotation_wait)
             if self._ticker is not None and self._ticker is not threading.current_thread():
                 self._ticker.join()
             self._restore_signal()
+            # An interruption (a KeyboardInterrupt, not an Exception) leaves the close
+            # unfinished: calling close() again, or the interpreter's exit, finishes it.
             try:
                 super().close()
-            finally:
-                self._close_done = True
-                self.dest.close()
+            except Exception:
+                self._closed_for_good()
+                raise
+            self._closed_for_good()
+
+    def _closed_for_good(self) -> None:
+        self._close_done = True
+        self.dest.close()
+        _exit.forget(self)
+
+    def _close_left_open(self, rotation_wait: float | None) -> None:
+        """Close on behalf of an app that did not (at exit, or once collected)."""
+        if self._close_done:
+            return
+        log.info("closing the log at %s, which was left open", self.dest.url)
+        self._close(rotation_wait)
+
+    def __del__(self) -> None:
+        if self.__dict__.get("_close_done", True) or not self.__dict__.get("_registered", False):
+            return  # closed, or never opened (open() closes what it fails to open)
+        warnings.warn(
+            f"{self!r} was never closed; closing it now (call close(), or use 'with')",
+            ResourceWarning,
+            source=self,
+        )
+        _exit.close_collected(self)
 
     def __enter__(self) -> Log:
         return self
@@ -264,38 +327,10 @@ class Log(LogCore):
         # The lease must be renewed on time whatever the flush interval: a lapsed lease
         # lets a second writer in while this one still writes.
         period = flush_interval if lease_renew is None else min(flush_interval, lease_renew / 2)
-
-        def tick() -> None:
-            last_renew = time.monotonic()
-            last_flush = time.monotonic()
-            while not self._stop.wait(period):
-                try:
-                    if self._failed is not None:
-                        return
-                    due = time.monotonic() - last_flush >= flush_interval - 1e-3
-                    if due:
-                        last_flush = time.monotonic()
-                    if due and (self._has_pending() or self._sw_pending()):
-                        with self._io_lock:
-                            if self._failed is None and not self._closed:
-                                # Pending records and an object store's pending segment
-                                # both go out on every tick, however busy the log is.
-                                self._write_pending(flush=False)
-                                self._flush_writer()
-                    if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
-                        self._renew_lock()
-                        last_renew = time.monotonic()
-                    if self._signalled:
-                        self._signalled = False
-                        self._rotator.request()
-                    self._rotator.check_interval()
-                except PersistLogError as e:
-                    log.debug("background flush stopped: %s", e)
-                    return
-                except Exception:
-                    log.exception("background flush failed")
-
-        self._ticker = threading.Thread(target=tick, name="persistlog-flush", daemon=True)
+        self._ticker = threading.Thread(
+            target=_tick, args=(weakref.ref(self), self._stop, period, flush_interval, lease_renew),
+            name="persistlog-flush", daemon=True,
+        )
         self._ticker.start()
 
     def _on_complete(self, seq: int) -> None:
@@ -307,8 +342,12 @@ class Log(LogCore):
         return bool(sw is not None and getattr(sw, "_pending", None))
 
     def _install_signal(self, signum: int) -> None:
+        ref = weakref.ref(self)
+
         def handler(num: int, frame: FrameType | None) -> None:
-            self._signalled = True  # the flush thread starts the rotation; no I/O here
+            lg = ref()
+            if lg is not None:
+                lg._signalled = True  # the flush thread starts the rotation; no I/O here
 
         self._old_handler = signal.signal(signum, handler)
         self._signal = signum
@@ -342,14 +381,25 @@ def open(
     batch_bytes: int = DEFAULT_BATCH_BYTES,
     flush_interval: float | None = None,
     lease_ttl: float = LEASE_TTL,
+    replay: Callable[[Any], Any] | None = None,
+    replay_batch: Callable[[list[Any]], Any] | None = None,
+    recovery: str = "strict",
+    discard_existing: bool = False,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
-    Restore first (:func:`persistlog.restore`), then open: opening calls
-    ``enumerate_all(emit)``, which must call ``emit(record)`` once per live resource, and
-    returns once that first log is complete (if it raises, the log is closed and
-    :class:`EnumerateError` is raised). A second writer on the same destination gets
+    Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
+    resource, and returns once that first log is complete (if it raises, the log is closed
+    and :class:`EnumerateError` is raised). A second writer on the same destination gets
     :class:`WriterConflict`.
+
+    The new log replaces what the destination holds, so the app must have replayed it:
+    with ``replay=`` (or ``replay_batch=``) open restores first, holding the writer lock,
+    with :func:`persistlog.restore`'s meaning and options (``recovery``, ``codec``,
+    ``storage_options``) and keeps the :class:`RestoreResult` in ``log.restored``; or call
+    ``restore(url, ...)`` first in the same process, with nothing written in between.
+    Otherwise a destination holding records raises :class:`ExistingLogError`, unless
+    ``discard_existing=True`` (start over; the old logs go by retention).
 
     ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
     turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
@@ -375,6 +425,12 @@ def open(
         raise ValueError(f"rotate_interval must be a positive number of seconds or None, not {rotate_interval!r}")
     if codec is not None and not isinstance(codec, Codec):
         raise TypeError(f"codec must be a persistlog.Codec, not {type(codec).__name__}")
+    if replay is not None and replay_batch is not None:
+        raise TypeError("open() takes replay= or replay_batch=, not both")
+    if recovery not in ("strict", "skip"):
+        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
+    if not isinstance(discard_existing, bool):
+        raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
     settings = _Settings(
         durability=durability,
         batch_bytes=batch_bytes,
@@ -394,12 +450,29 @@ def open(
     lg._acquire(lease_ttl)
     lg._lease_ttl = float(lease_ttl)
     try:
+        if replay is not None or replay_batch is not None:
+            # Under the writer lock: nothing can be written between the replay and the
+            # new log that takes its place.
+            lg.restored = restore(
+                url, replay, replay_batch=replay_batch, recovery=recovery, codec=codec,
+                storage_options=storage_options,
+            )
         try:
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             last_seq, next_lsn = _end_of_logs(dest, logs)
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
+        holds_records = next_lsn > F.FIRST_LSN
+        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
+            raise ExistingLogError(
+                f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
+                "process did not restore; opening would start a new log without them and "
+                "retention would delete them. Restore first: persistlog.open(url, "
+                "enumerate_all, replay=apply) (or replay_batch=), or persistlog.restore(url, "
+                "apply) then persistlog.open(url, ...) with nothing written in between; "
+                "pass discard_existing=True to start over on purpose"
+            )
         lg._set_position(next_lsn, last_seq)
         known = [pointer] if pointer is not None and pointer in logs else []
         lg._rotator = Rotator(
@@ -426,12 +499,60 @@ def open(
         lg._start_background(interval, renew)
         if rotate_on_signal is not None:
             lg._install_signal(rotate_on_signal)
-        lg._rotator.request(coalesce=False).result()
+        lg._rotator.wait(lg._rotator.request(coalesce=False))
     except BaseException:
         _close_quietly(lg)
         raise
+    lg._registered = True
+    _exit.register(lg)
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+def _tick(
+    ref: weakref.ReferenceType[Log],
+    stop: threading.Event,
+    period: float,
+    flush_interval: float,
+    lease_renew: float | None,
+) -> None:
+    """The flush thread: flushes, renews the lease, fires the time and signal triggers.
+
+    It holds the Log only during a tick, so that a Log the app dropped can be collected.
+    """
+    last_renew = time.monotonic()
+    last_flush = time.monotonic()
+    while not stop.wait(period):
+        lg = ref()
+        if lg is None:
+            return
+        try:
+            if lg._failed is not None:
+                return
+            due = time.monotonic() - last_flush >= flush_interval - 1e-3
+            if due:
+                last_flush = time.monotonic()
+            if due and (lg._has_pending() or lg._sw_pending()):
+                with lg._io_lock:
+                    if lg._failed is None and not lg._closed:
+                        # Pending records and an object store's pending segment both go
+                        # out on every tick, however busy the log is.
+                        lg._write_pending(flush=False)
+                        lg._flush_writer()
+            if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
+                lg._renew_lock()
+                last_renew = time.monotonic()
+            if lg._signalled:
+                lg._signalled = False
+                lg._rotator.request()
+            lg._rotator.check_interval()
+        except PersistLogError as e:
+            log.debug("background flush stopped: %s", e)
+            return
+        except Exception:
+            log.exception("background flush failed")
+        finally:
+            del lg
 
 
 def _close_quietly(lg: Log) -> None:

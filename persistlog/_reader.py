@@ -20,12 +20,14 @@ from ._decoder import (
     BatchHeader,
     Damage,
     RecordKinds,
+    RecordSlices,
     check_payload,
     control_records,
     parse_batch_header,
     parse_pointer,
     parse_segment_header,
     parse_trailer,
+    record_slices,
     split_records,
 )
 from ._encoder import seal_trailer
@@ -67,6 +69,12 @@ class Batch:
     def records(self, loads: Callable[[bytes], Any]) -> list[Any]:
         """The app records, decoded with ``loads`` (a Codec's)."""
         return split_records(self.header, self.raw, self.offset, loads)[0]
+
+    def record_slices(self, loads: Callable[[bytes], Any], *, plain: bool = True) -> RecordSlices:
+        """The app records in cache-sized slices (decoded with ``loads``, a Codec's) as
+        they are iterated: how readers that apply records and drop them decode.
+        ``plain=False`` for a ``loads`` whose values differ from cbor2's on tag-free CBOR."""
+        return record_slices(self.header, self.raw, self.offset, loads, plain=plain)
 
     def records_and_kinds(self, loads: Callable[[bytes], Any]) -> tuple[list[Any], RecordKinds]:
         """The app records, and the kind of each (``"update"`` or ``"snapshot"``)."""

@@ -8,8 +8,11 @@ is replayed from the oldest and the result says the state is not from a complete
 
 from __future__ import annotations
 
+import gc
 import logging
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +140,52 @@ def changed_under(dest: Destination, p: ReplayPlan) -> bool:
     )
 
 
+class _GcPause:
+    """The cyclic GC, paused while logs are replayed.
+
+    A replay builds state that lives on: every record the app keeps is a container the
+    collector traverses again at each of the full collections the heap's growth triggers,
+    and with the app's own heap besides. Paused, a replay of records kept whole runs
+    about 1.8x faster (bench/README.md). Records decode acyclic, so all they leave is
+    freed by reference counting; only cycles the app itself makes while the replay runs
+    wait for the collector, which resumes (if it was on) when the last replay ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replays = 0
+        self._resume = False
+
+    @contextmanager
+    def during_replay(self) -> Iterator[None]:
+        with self._lock:
+            if self._replays == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._replays += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._replays -= 1
+                if self._replays == 0 and self._resume:
+                    gc.enable()
+
+
+# One per process, as the collector is: concurrent replays share the pause.
+gc_pause = _GcPause()
+
+
+def per_record(replay: Callable[[Any], Any]) -> Callable[[list[Any]], None]:
+    """A ``replay_batch`` that calls ``replay`` once per record."""
+
+    def apply(records: list[Any]) -> None:
+        for r in records:
+            replay(r)
+
+    return apply
+
+
 def restore_from(
     dest: Destination,
     replay: Callable[[Any], Any] | None = None,
@@ -152,6 +201,7 @@ def restore_from(
         raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
     codec = codec or Codec()
     loads = codec.loads
+    apply = replay_batch if replay_batch is not None else per_record(replay)  # type: ignore[arg-type]
     result = RestoreResult(destination=dest.url)
     p = plan(dest)
     if p.start is None:
@@ -164,34 +214,31 @@ def restore_from(
     states: list[LogState] = []
     current: LogScanner | None = None
     try:
-        for scanner, batch in scan_from(dest, p, recovery=recovery):
-            if scanner is not current:
-                current = scanner
-                states.append(scanner.state)
-                result.logs.append(scanner.seq)
-            if batch.is_control:
-                continue
-            try:
-                records = batch.records(loads)
-            except Damage as d:
-                # Checksums held but the records do not decode: corruption like any other.
-                name = segment_name(batch.log, batch.segment)
-                if recovery == "skip":
-                    log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
-                                dest.url, batch.log, name, batch.offset, d.reason)
-                    scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
+        with gc_pause.during_replay():
+            for scanner, batch in scan_from(dest, p, recovery=recovery):
+                if scanner is not current:
+                    current = scanner
+                    states.append(scanner.state)
+                    result.logs.append(scanner.seq)
+                if batch.is_control:
                     continue
-                raise CorruptLogError(
-                    d.reason, destination=dest.url, log=batch.log, segment=name, offset=batch.offset
-                ) from None
-            if replay_batch is not None:
-                replay_batch(records)
-            else:
-                assert replay is not None
-                for r in records:
-                    replay(r)
-            result.records += len(records)
-            result.last_commit_us = batch.header.commit_us
+                try:
+                    # Slice by slice: each slice is applied while its records are in the cache.
+                    for _first, records in batch.record_slices(loads):
+                        apply(records)
+                        result.records += len(records)
+                except Damage as d:
+                    # Checksums held but the records do not decode: corruption like any other.
+                    name = segment_name(batch.log, batch.segment)
+                    if recovery == "skip":
+                        log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
+                                    dest.url, batch.log, name, batch.offset, d.reason)
+                        scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
+                        continue
+                    raise CorruptLogError(
+                        d.reason, destination=dest.url, log=batch.log, segment=name, offset=batch.offset
+                    ) from None
+                result.last_commit_us = batch.header.commit_us
     except (CorruptLogError, FileNotFoundError) as e:
         if isinstance(e, FileNotFoundError) and isinstance(e, PersistLogError):
             raise

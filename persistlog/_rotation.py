@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -67,29 +68,61 @@ class Rotator:
         self._snapshot_bytes = 0
         self._pointer_moved = True  # whether the last rotation's CURRENT move succeeded
         self._started_at = time.monotonic()
-        self._cv = threading.Condition()
+        # App threads take the plain lock: Condition's own __enter__ is Python code, and a
+        # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
+        self._mutex = threading.RLock()
+        self._cv = threading.Condition(self._mutex)
         self._queue: list[Future[int]] = []
+        # Per request, a lock released once it is done: rotate() waits on that, not on
+        # the Future (whose methods take a Condition).
+        self._done: dict[Future[int], threading.Lock] = {}
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="persistlog-rotation", daemon=True)
+        # The thread holds the Rotator (and so the Log) only while a rotation runs: between
+        # rotations an unreferenced Log can be collected, and its finalizer wakes the thread
+        # to end it.
+        self._thread = threading.Thread(
+            target=_serve, args=(weakref.ref(self), self._cv), name="persistlog-rotation", daemon=True
+        )
+        wake = weakref.finalize(self, _wake, self._cv)
+        wake.atexit = False
         self._thread.start()
 
     # -- requests -----------------------------------------------------------------------
 
     def request(self, coalesce: bool = True) -> Future[int]:
         """Ask for a rotation; a trigger joins a request not yet started."""
-        with self._cv:
+        with self._mutex:
             if self._stop:
                 fut: Future[int] = Future()
                 fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
                 return fut
             # Join a request not yet started; never one already running (its enumeration
             # may have passed the change that fired this trigger) or finished.
-            if coalesce and self._queue and not (self._queue[-1].running() or self._queue[-1].done()):
+            # (Only the head can be running or done: it is while `rotating`.)
+            if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
                 return self._queue[-1]
             fut = Future()
+            done = threading.Lock()
+            done.acquire()
+            self._done[fut] = done
             self._queue.append(fut)
             self._cv.notify()
             return fut
+
+    def wait(self, fut: Future[int], timeout: float | None = None) -> int:
+        """``fut.result(timeout)``, waiting on a plain lock: an interruption there leaves
+        nothing held."""
+        done = self._done.get(fut)
+        if done is not None:
+            if not done.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"the rotation did not finish within {timeout}s")
+            done.release()
+        return fut.result(0)
+
+    def _finished(self, fut: Future[int]) -> None:
+        done = self._done.pop(fut, None)
+        if done is not None:
+            done.release()
 
     def check_triggers(self) -> None:
         """Called after each batch: cheap checks of the size and count triggers.
@@ -105,7 +138,9 @@ class Rotator:
         if sw is None:
             return
         records_due = self.rotate_records is not None and core._log_update_records >= self.rotate_records
-        if any(not fut.done() for fut in self._queue):
+        # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
+        # head of the queue is done once it is retaining; the others have not started.
+        if len(self._queue) > 1 or (self._queue and not self.retaining):
             # Whole batches while a rotation is due or enumerating; this runs again after
             # it. (One only deleting old logs has a complete log already: queue the next.)
             core._batch_bytes = core.settings.batch_bytes
@@ -116,8 +151,11 @@ class Rotator:
             self._arm_records(True)
             core._batch_bytes = core.settings.batch_bytes
             # Set before the request: the rotation thread may switch before it returns.
-            core._switching = threading.Event()
-            if self.request().done():  # refused: the log is closing
+            switching = threading.Lock()
+            switching.acquire()
+            core._switching = switching
+            self.request()
+            if self._stop:  # refused: the log is closing
                 self._switched()
             return
         self._arm_records(False)
@@ -138,7 +176,10 @@ class Rotator:
         """Release the writers a fired trigger holds (the new log is started, or will not be)."""
         switching, self.core._switching = self.core._switching, None
         if switching is not None:
-            switching.set()
+            try:
+                switching.release()
+            except RuntimeError:
+                pass  # two threads swapped it out at once: the other released it
 
     def check_interval(self) -> None:
         if self.rotate_interval is None or self.rotating or self._queue:
@@ -146,41 +187,53 @@ class Rotator:
         if time.monotonic() - self._started_at >= self.rotate_interval:
             self.request()
 
+    def refuse_from_rotation_thread(self, call: str) -> None:
+        """Raise ``RuntimeError`` if called from inside ``enumerate_all`` (or ``on_error``).
+
+        ``call`` waits for the rotation that is running on this very thread: it would
+        wait forever.
+        """
+        if threading.current_thread() is self._thread:
+            raise RuntimeError(
+                f"{call} cannot be called from inside enumerate_all (the rotation thread): "
+                "it waits for the rotation that is running there"
+            )
+
     # -- the thread ---------------------------------------------------------------------
 
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._stop:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                fut = self._queue[0]
-                self.rotating = True
-            done = False
-            try:
-                if fut.set_running_or_notify_cancel():
+    def _serve_head(self) -> bool:
+        """Run the rotation at the head of the queue; False once closed and drained."""
+        with self._cv:
+            if not self._queue:
+                return False
+            fut = self._queue[0]
+            self.rotating = True
+        done = False
+        try:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    seq = self._rotate()
+                except BaseException as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(seq)
+                    self.retaining = True
                     try:
-                        seq = self._rotate()
-                    except BaseException as e:
-                        fut.set_exception(e)
-                    else:
-                        fut.set_result(seq)
-                        self.retaining = True
-                        try:
-                            self._retain()
-                        finally:
-                            self.retaining = False
-                        done = True
-            finally:
-                with self._cv:
-                    self._queue.pop(0)
-                    self.rotating = False
-                    self._cv.notify_all()
-            if done:
-                # Batches written while this rotation ran skipped the size and count checks;
-                # check once now, or a trigger crossed meanwhile waits for the next batch.
-                self.check_triggers()
+                        self._retain()
+                    finally:
+                        self.retaining = False
+                    done = True
+        finally:
+            with self._cv:
+                self._queue.pop(0)
+                self.rotating = False
+                self._cv.notify_all()
+            self._finished(fut)
+        if done:
+            # Batches written while this rotation ran skipped the size and count checks;
+            # check once now, or a trigger crossed meanwhile waits for the next batch.
+            self.check_triggers()
+        return True
 
     def _rotate(self) -> int:
         core = self.core
@@ -256,18 +309,46 @@ class Rotator:
         except BaseException as e:  # the rotation thread must outlive anything retention meets
             log.warning("retention at %s failed (will retry after the next rotation): %s", self.core.dest.url, e)
 
-    def close(self) -> None:
-        """Wait for a running rotation, drop queued ones, stop the thread."""
-        with self._cv:
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
+        stop the thread."""
+        with self._mutex:
             self._stop = True
             # The rotation thread owns the head of the queue while `rotating` (it is waited
             # for); the ones never started fail as the Log does from now on, not with a bare
             # CancelledError in a rotate(wait=True) caller.
             start = 1 if self.rotating else 0
             for fut in self._queue[start:]:
-                fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+                if not fut.done():
+                    fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+                self._finished(fut)
             del self._queue[start:]
             self._cv.notify_all()
         self._switched()
         if threading.current_thread() is not self._thread:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("closing %s without waiting any longer for the rotation in progress",
+                            self.core.dest.url)
+
+
+def _serve(ref: weakref.ReferenceType[Rotator], cv: threading.Condition) -> None:
+    """The rotation thread: serves requests for as long as the Rotator lives."""
+    while True:
+        with cv:
+            while True:
+                rotator = ref()
+                if rotator is None:
+                    return
+                if rotator._queue or rotator._stop:
+                    break
+                del rotator  # not held while idle
+                cv.wait(0.5)  # a notify an interruption cut short costs this much at most
+        if not rotator._serve_head():
+            return
+        del rotator
+
+
+def _wake(cv: threading.Condition) -> None:
+    with cv:
+        cv.notify_all()

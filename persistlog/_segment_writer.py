@@ -9,6 +9,13 @@ Two strategies, picked by the destination's kind:
   create-only segment object, so an object store never sees an append or an overwrite.
 
 Both are used under the Log's I/O lock: no method here is called concurrently.
+
+An exception that is not an ``OSError`` (a ``KeyboardInterrupt`` in the app's thread) can
+stop an append between its I/O and its bookkeeping. Each writer then knows what it was
+doing (``_appending``, ``_putting``) and settles it at its next call from what storage
+really holds: an append that went through is counted, one that went half way is cut
+back. ``append`` of a batch whose LSNs were appended already does nothing, so the Log
+simply hands an interrupted batch over again.
 """
 
 from __future__ import annotations
@@ -58,13 +65,16 @@ class SegmentWriter:
         self.segment = -1
         self.bytes_written = 0
         self.sealed = False
+        self.next_lsn = 0  # the first LSN not appended yet
+        self._seal_written = False
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
         """Create segment 0 holding the log header; durable when this returns."""
         raise NotImplementedError
 
     def append(self, data: bytes, first_lsn: int, next_lsn: int) -> None:
-        """Add batches covering LSNs ``[first_lsn, next_lsn)``."""
+        """Add batches covering LSNs ``[first_lsn, next_lsn)``; nothing if they were added
+        already."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -87,6 +97,9 @@ class AppendSegments(SegmentWriter):
         super().__init__(dest, seq, segment_bytes)
         self._file: AppendFile | None = None
         self._size = 0
+        # An append under way: (segment size before it, its bytes, next LSN after it,
+        # whether it is the seal).
+        self._appending: tuple[int, int, int, bool] | None = None
 
     def _open_segment(self, number: int, first_lsn: int, first_batch: bytes = b"") -> None:
         name = F.segment_name(self.seq, number)
@@ -99,31 +112,88 @@ class AppendSegments(SegmentWriter):
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
         self._open_segment(0, first_lsn, header_batch)
+        self.next_lsn = first_lsn
+
+    def _settle(self) -> None:
+        """Count an interrupted append that went through; cut one that went half way."""
+        appending = self._appending
+        if appending is None:
+            return
+        assert self._file is not None
+        before, n, next_lsn, seal = appending
+        size = self._file.size
+        if size == before + n:
+            self._size = size
+            self.bytes_written += n
+            self.next_lsn = next_lsn
+            self._seal_written = seal
+            self._appending = None
+            return
+        if size != before:
+            self._file.truncate(before)
+        self._appending = None
+
+    def _write(self, data: bytes, next_lsn: int, seal: bool = False) -> None:
+        assert self._file is not None
+        n = len(data)
+        before = self._size
+        self._appending = (before, n, next_lsn, seal)
+        self._file.write(data)
+        # Bookkeeping without a call in between: an interruption lands before or after.
+        self._size = before + n
+        self.bytes_written += n
+        self.next_lsn = next_lsn
+        self._seal_written = seal
+        self._appending = None
 
     def append(self, data: bytes, first_lsn: int, next_lsn: int) -> None:
-        assert self._file is not None
+        self._settle()
+        if first_lsn < self.next_lsn:
+            return  # an interrupted caller hands the batch over again
         if self._size >= self.segment_bytes:
-            # Durable in order: the full segment is synced before its successor exists.
-            self._file.sync()
-            self._file.close()
-            self._open_segment(self.segment + 1, first_lsn)
-        self._file.write(data)
-        self._size += len(data)
-        self.bytes_written += len(data)
+            self._roll(first_lsn)
+        self._write(data, next_lsn)
+
+    def _roll(self, first_lsn: int) -> None:
+        """Continue in a new segment; the full one is synced first (durable in order)."""
+        old = self._file
+        assert old is not None
+        old.sync()
+        number = self.segment + 1
+        name = F.segment_name(self.seq, number)
+        head = _encoder.segment_header(self.seq, number, first_lsn)
+        try:
+            self.dest.create(name, head)
+        except FileExistsError:
+            # An interrupted roll-over made it: it holds the header only. Made again, so
+            # that its directory entry is durable for sure.
+            if self.dest.read(name) != head:
+                raise
+            self.dest.delete(name)
+            self.dest.create(name, head)
+        new = self.dest.open_append(name)
+        n = len(head)
+        self._file = new
+        self._size = n
+        self.segment = number
+        self.bytes_written += n
+        old.close()
 
     def flush(self) -> None:
+        self._settle()
         if self._file is not None:
             self._file.flush()
 
     def sync(self) -> None:
+        self._settle()
         if self._file is not None:
             self._file.sync()
 
     def seal(self, seal_batch: bytes) -> None:
         assert self._file is not None
-        trailer = _encoder.seal_trailer(self._size)
-        self._file.write(seal_batch + trailer)
-        self._size += len(seal_batch) + len(trailer)
+        self._settle()
+        if not self._seal_written:
+            self._write(seal_batch + _encoder.seal_trailer(self._size), self.next_lsn, seal=True)
         self._file.sync()
         self.sealed = True
         self.close()
@@ -139,11 +209,34 @@ class ObjectSegments(SegmentWriter):
         super().__init__(dest, seq, segment_bytes)
         self._pending: list[bytes] = []
         self._pending_first_lsn = 0
-        self._next_lsn = 0
+        # An append under way: (pending batches before it, next LSN after it).
+        self._appending: tuple[int, int] | None = None
+        # A PUT under way: (segment number, its bytes, pending batches it holds, seal).
+        self._putting: tuple[int, bytes, int, bool] | None = None
+
+    def _settle(self) -> None:
+        appending = self._appending
+        if appending is not None:
+            if len(self._pending) > appending[0]:
+                self.next_lsn = appending[1]
+            self._appending = None
+        putting = self._putting
+        if putting is not None:
+            number, data, count, seal = putting
+            name = F.segment_name(self.seq, number)
+            try:
+                landed = self.dest.read(name) == data
+            except FileNotFoundError:
+                landed = False
+            if landed:
+                self._put_done(number, len(data), count, seal)
+            else:
+                self._putting = None
 
     def _put(self, extra: bytes = b"", trailer: bool = False) -> None:
         number = self.segment + 1
         head = _encoder.segment_header(self.seq, number, self._pending_first_lsn)
+        count = len(self._pending)
         body = b"".join(self._pending)
         tail = b""
         if trailer:
@@ -151,28 +244,41 @@ class ObjectSegments(SegmentWriter):
         elif extra:
             body += extra
         data = head + body + tail
+        self._putting = (number, data, count, trailer)
         self.dest.create(F.segment_name(self.seq, number), data)
+        self._put_done(number, len(data), count, trailer)
+
+    def _put_done(self, number: int, size: int, count: int, seal: bool) -> None:
+        # Bookkeeping without a call in between: done whole, or not at all and redone.
+        self._putting = None
+        del self._pending[:count]
         self.segment = number
-        self.bytes_written += len(data)
-        self._pending = []
-        self._pending_first_lsn = self._next_lsn
+        self.bytes_written += size
+        self._seal_written = seal
+        self._pending_first_lsn = self.next_lsn if not self._pending else self._pending_first_lsn
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
-        self._pending_first_lsn = self._next_lsn = first_lsn
+        self._pending_first_lsn = self.next_lsn = first_lsn
         self._pending = [header_batch]
         self._put()
 
     def append(self, data: bytes, first_lsn: int, next_lsn: int) -> None:
+        self._settle()
+        if first_lsn < self.next_lsn:
+            return  # an interrupted caller hands the batch over again
         if not self._pending:
             self._pending_first_lsn = first_lsn
+        self._appending = (len(self._pending), next_lsn)
         self._pending.append(data)
-        self._next_lsn = next_lsn
+        self.next_lsn = next_lsn
+        self._appending = None
 
     @property
     def pending_bytes(self) -> int:
         return sum(len(p) for p in self._pending)
 
     def flush(self) -> None:
+        self._settle()
         if self._pending:
             self._put()
 
@@ -180,9 +286,11 @@ class ObjectSegments(SegmentWriter):
         self.flush()
 
     def seal(self, seal_batch: bytes) -> None:
-        if not self._pending:
-            self._pending_first_lsn = self._next_lsn
-        self._put(seal_batch, trailer=True)
+        self._settle()
+        if not self._seal_written:
+            if not self._pending:
+                self._pending_first_lsn = self.next_lsn
+            self._put(seal_batch, trailer=True)
         self.sealed = True
 
 

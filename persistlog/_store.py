@@ -4,6 +4,12 @@ Its records follow one documented convention, which the Spark replay understands
 
     {"op": "put", "key": k, "value": v}
     {"op": "del", "key": k}
+
+Keys are any hashable loggable value. CBOR has no tuple, so a tuple key is stored as an
+array (in Spark's ``key`` column: a JSON array, ``["user",1]``) and a frozenset as a set
+(``{"$set":[...]}``); replay turns them back into a tuple and a frozenset, nested ones too.
+No list or set key can ever be stored (they are unhashable), so an array or set in a key
+position is always a tuple or frozenset.
 """
 
 from __future__ import annotations
@@ -14,9 +20,28 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
-from ._api import restore
 from ._log import Log, open
 from ._restore import RestoreResult
+
+
+def _key_from_record(key: Any) -> Any:
+    """A key as the store held it: arrays were tuples and sets were frozensets."""
+    if type(key) is list:
+        return tuple(_key_from_record(k) for k in key)
+    if type(key) is set:
+        return frozenset(key)  # elements decode hashable already (cbor2's immutable mode)
+    return key
+
+
+def _check_key(key: Any) -> None:
+    """Refuse, before anything is logged, a key that could not be a dict key on replay."""
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(
+            f"unhashable ResourceStore key {key!r} of type {type(key).__name__}: keys must be "
+            "hashable (str, int, a tuple of such...); nothing was logged"
+        ) from None
 
 
 class ResourceStore(MutableMapping[Any, Any]):
@@ -26,7 +51,9 @@ class ResourceStore(MutableMapping[Any, Any]):
     >>> store["user:1"] = {"name": "Ada"}
     >>> store.close()
 
-    Keys and values must be loggable (CBOR values or classes registered with a Codec).
+    Keys and values must be loggable (CBOR values or classes registered with a Codec), and
+    keys hashable: tuple and frozenset keys (nested too) come back as such after a restore;
+    an unhashable key raises ``TypeError`` before anything is logged.
     Each change is logged while the store's lock is held, so the log's order is the
     store's order and an enumeration never writes a value older than a logged update.
     Compound operations (``pop``, ``popitem``, ``setdefault``, ``update``, ``clear``) hold
@@ -49,15 +76,8 @@ class ResourceStore(MutableMapping[Any, Any]):
         ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
         """
         store = cls()
-        recovery = options.pop("recovery", "strict")
-        store.restored = restore(
-            url,
-            replay_batch=store._apply_batch,
-            recovery=recovery,
-            codec=options.get("codec"),
-            storage_options=options.get("storage_options"),
-        )
-        store._log = open(url, store._enumerate, **options)
+        store._log = open(url, store._enumerate, replay_batch=store._apply_batch, **options)
+        store.restored = store._log.restored
         return store
 
     # -- replay and enumeration ---------------------------------------------------------
@@ -68,10 +88,13 @@ class ResourceStore(MutableMapping[Any, Any]):
             if not isinstance(r, dict):
                 continue  # not a ResourceStore record; tolerate foreign writers
             op = r.get("op")
+            key = r.get("key")
+            if type(key) is list or type(key) is set:
+                key = _key_from_record(key)
             if op == "put":
-                data[r.get("key")] = r.get("value")
+                data[key] = r.get("value")
             elif op == "del":
-                data.pop(r.get("key"), None)
+                data.pop(key, None)
 
     def _enumerate(self, emit: Callable[[Any], None]) -> None:
         with self._lock:
@@ -94,17 +117,31 @@ class ResourceStore(MutableMapping[Any, Any]):
     def __getitem__(self, key: Any) -> Any:
         return self._data[key]
 
+    # A change is applied once its record is appended, even if update() was interrupted
+    # after that (KeyboardInterrupt): the log would replay it, so memory must hold it too.
+
     def __setitem__(self, key: Any, value: Any) -> None:
+        _check_key(key)
         with self._lock:
-            self.log.update({"op": "put", "key": key, "value": value})
-            self._data[key] = value
+            lg = self.log
+            before = lg.next_lsn
+            try:
+                lg.update({"op": "put", "key": key, "value": value})
+            finally:
+                if lg.next_lsn > before:
+                    self._data[key] = value
 
     def __delitem__(self, key: Any) -> None:
         with self._lock:
             if key not in self._data:
                 raise KeyError(key)
-            self.log.update({"op": "del", "key": key})
-            del self._data[key]
+            lg = self.log
+            before = lg.next_lsn
+            try:
+                lg.update({"op": "del", "key": key})
+            finally:
+                if lg.next_lsn > before:
+                    self._data.pop(key, None)
 
     def __iter__(self) -> Iterator[Any]:
         with self._lock:
@@ -197,9 +234,11 @@ class ResourceStore(MutableMapping[Any, Any]):
         """Make every change so far durable."""
         self.log.sync()
 
-    def close(self) -> None:
+    def close(self, rotate: bool = False) -> None:
+        """Close the log; ``rotate=True`` first writes a fresh snapshot, so that the next
+        :meth:`open` replays just the live keys (see :meth:`persistlog.Log.close`)."""
         if self._log is not None:
-            self._log.close()
+            self._log.close(rotate=rotate)
 
     def __repr__(self) -> str:
         lg = self._log

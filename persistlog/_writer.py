@@ -8,6 +8,16 @@ takes ``_io_lock``; whoever holds it writes *all* records appended so far in one
 Threads that queued behind it find their record already covered and return. Threads that
 need their record durable go through the group commit (``_group_commit``), which shares
 each fsync among all of them.
+
+Interruptions. Only an ``OSError`` from storage fails the Log. Anything else raised in
+the middle of a write (a ``KeyboardInterrupt`` in the main thread, ``SystemExit`` from a
+signal handler) propagates as itself and leaves the Log consistent: records leave the
+buffer in one step into ``_taking`` (a batch detached but not yet with the segment
+writer), which is handed over again until the segment writer has it (it ignores LSNs it
+holds already, and settles a write the interruption cut short); whatever an interrupted
+encode left in the buffer past ``_pos`` is cut before the next append (``_blocked``
+sends it down the slow path). Bookkeeping that must happen together is written without
+a call in between, where CPython never raises a pending signal's exception.
 """
 
 from __future__ import annotations
@@ -17,7 +27,9 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -122,9 +134,25 @@ class LogCore:
         self._encode = codec.encode
         self._lock = threading.Lock()
         self._io_lock = threading.RLock()
-        self._group = GroupCommit(
-            self._sync_through, lambda: self._durable_lsn, self._check, f"persistlog-sync {dest.url}"
-        )
+        # The group commit's thread must not keep the Log alive: it reaches it weakly.
+        ref = weakref.ref(self)
+
+        def sync_through(lsn: int) -> None:
+            core = ref()
+            if core is None:
+                raise LogClosedError("the log was closed")
+            core._sync_through(lsn)
+
+        def durable() -> int:
+            core = ref()
+            return core._durable_lsn if core is not None else 1 << 63
+
+        def check() -> None:
+            core = ref()
+            if core is not None:
+                core._check()
+
+        self._group = GroupCommit(sync_through, durable, check, f"persistlog-sync {dest.url}")
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
@@ -134,7 +162,11 @@ class LogCore:
         self._buf_first = F.FIRST_LSN
         self._snap: list[int] = []
         self._batch_bytes = settings.batch_bytes
-        self._blocked = False  # failed or closed: the slow path reports which
+        self._blocked = False  # failed, closed or interrupted: the slow path sorts it out
+        # Records taken out of the buffer for a batch that the segment writer may not hold
+        # yet: (payload, snapshot offsets, first LSN, next LSN), and the framed batch.
+        self._taking: tuple[bytes, list[int], int, int] | None = None
+        self._taking_batch: bytes | None = None
         self._next_lsn = F.FIRST_LSN
         self._written_lsn = F.FIRST_LSN
         self._durable_lsn = F.FIRST_LSN
@@ -142,13 +174,16 @@ class LogCore:
         self.seq = 0
         self._failed: BaseException | None = None
         self._closed = False
+        self._let_go = False  # close() finished: writer, secondaries and lock let go
         self._sync_each = settings.durability == "fsync"
         # update() hands its batch over once its LSN reaches this: at once in flush and
         # fsync modes, else at the record-count trigger's LSN (the rotator arms it), so that
         # a trigger is seen after the batch that crosses it, not at the next timer tick.
         self._eager = settings.durability != "buffered"
         self._cut_lsn = 0 if self._eager else NEVER
-        self._switching: threading.Event | None = None
+        # Held (a plain lock, not an Event: see _wait_for_switch) while a fired trigger
+        # holds the writers; released once the new log is started.
+        self._switching: threading.Lock | None = None
         self._lock_handle: WriterLock | None = None
         # Figures for stats() and rotation triggers.
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
@@ -197,6 +232,17 @@ class LogCore:
         if self._closed:
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
+    def _unblock(self) -> None:
+        """The slow path of an append (holds ``_lock``): raise if failed or closed, else cut
+        what an interruption left past ``_pos`` and take the fast path again."""
+        self._check()
+        self._fp.seek(self._pos)
+        self._fp.truncate()
+        self._blocked = False
+        # _fail() sets _failed before _blocked: whichever order this runs in, it stays set.
+        if self._failed is not None or self._closed:
+            self._blocked = True
+
     def update(self, record: Any, sync: bool = False) -> int:
         # One identity test for the usual sync=False (a truthy "yes" must not pass).
         if sync is not False and sync is not True:
@@ -205,20 +251,23 @@ class LogCore:
         # its speed (bench: update() against the naive loop), and this is the hot path.
         with self._lock:
             if self._blocked:
-                self._check()
+                self._unblock()
             pos = self._pos
             try:
                 self._enc_encode(record)
-            except Exception as e:
-                self._rewind(pos)
-                raise encode_error(e) from None
-            end = self._tell()
+                end = self._tell()
+            except BaseException as e:
+                self._blocked = True  # what was encoded of it is cut before the next append
+                if isinstance(e, Exception):
+                    raise encode_error(e) from None
+                raise
             if end <= _MAX_RECORD:
                 self._pos = end
                 lsn = self._next_lsn
                 self._next_lsn = lsn + 1
                 data = None
             else:
+                self._blocked = True
                 data = self._take_back(pos, end)
         if data is not None:
             lsn, end = self._append_encoded([data], snapshot=False)
@@ -233,14 +282,16 @@ class LogCore:
         """
         with self._lock:
             if self._blocked:
-                self._check()
+                self._unblock()
             pos = self._pos
             try:
                 self._enc_encode(record)
-            except Exception as e:
-                self._rewind(pos)
-                raise encode_error(e) from None
-            end = self._tell()
+                end = self._tell()
+            except BaseException as e:
+                self._blocked = True
+                if isinstance(e, Exception):
+                    raise encode_error(e) from None
+                raise
             if end <= _MAX_RECORD:
                 self._pos = end
                 lsn = self._next_lsn
@@ -250,6 +301,7 @@ class LogCore:
                 return lsn, end
             # A big record, or a buffer grown past a record's limit: check the size and
             # cut batches on the slow path (the limit is below a batch's).
+            self._blocked = True
             data = self._take_back(pos, end)
         return self._append_encoded([data], snapshot)
 
@@ -280,18 +332,24 @@ class LogCore:
         i = 0
         while i < len(records):
             with self._lock:
-                self._check()
+                if self._blocked:
+                    self._unblock()
                 end = self._pos
                 room = end == 0 or end + need <= _BATCH_FILL
+                self._blocked = True  # until the records written below are all counted
                 while room and i < len(records) and (end == 0 or end + len(records[i]) <= _BATCH_FILL):
+                    size = len(records[i])
                     self._fp.write(records[i])
-                    end += len(records[i])
+                    end += size
+                    self._pos = end
                     if snapshot:
                         self._snap.append(self._next_lsn - self._buf_first)
                     self._next_lsn += 1
                     i += 1
-                self._pos = end
                 lsn = self._next_lsn - 1
+                self._blocked = False
+                if self._failed is not None or self._closed:
+                    self._blocked = True
             if i < len(records):
                 with self._io_lock:  # make room: what is buffered becomes a batch
                     self._check()
@@ -332,13 +390,19 @@ class LogCore:
                 "holds; split it into smaller calls"
             )
         with self._lock:
-            self._check()
-            fits = len(body) <= _MAX_RECORD and self._pos + len(body) <= _BATCH_FILL
+            if self._blocked:
+                self._unblock()
+            end = self._pos + len(body)
+            fits = len(body) <= _MAX_RECORD and end <= _BATCH_FILL
             if fits:
+                self._blocked = True
                 self._fp.write(body)
-                self._pos = end = self._tell()
+                self._pos = end
                 self._next_lsn += n
                 lsn = self._next_lsn - 1
+                self._blocked = False
+                if self._failed is not None or self._closed:
+                    self._blocked = True
         if not fits:
             # Too big for the buffer as it stands: check each record's size, and write what
             # is buffered first if the call does not fit beside it.
@@ -369,7 +433,18 @@ class LogCore:
             # A size or count trigger fired: hold the writers who hand batches over until
             # the rotation thread has switched to the new log, so that the old one grows
             # past its trigger by at most the batch buffered meanwhile.
-            switching.wait(SWITCH_WAIT)
+            self._wait_for_switch(switching)
+
+    def _wait_for_switch(self, switching: threading.Lock) -> None:
+        # A plain lock, polled: an Event's wait() enters a Condition, whose Python-level
+        # __enter__ a KeyboardInterrupt can leave holding its lock, and then the rotation
+        # thread's set() would wait for it forever. A waiter interrupted while it holds this
+        # one delays the others by one poll at most (the rotator clears _switching first).
+        deadline = time.monotonic() + SWITCH_WAIT
+        while self._switching is switching and time.monotonic() < deadline:
+            if switching.acquire(timeout=0.05):
+                switching.release()
+                return
 
     def _sync_through(self, lsn: int) -> None:
         """Make the records up to ``lsn`` durable, with every record appended so far (the
@@ -385,27 +460,48 @@ class LogCore:
 
     def _write_pending(self, flush: bool = True) -> None:
         """Frame every appended record into one batch and hand it over. Holds ``_io_lock``."""
+        if self._taking is not None:
+            self._hand_over(flush)  # an interrupted hand-over: older, so first
         with self._lock:
             if not self._pos:
                 if flush and self._sw is not None and self._failed is None:
                     self._guarded(self._sw.flush)
                 return
             payload = self._fp.getvalue()
-            self._rewind(0)
+            if len(payload) != self._pos:
+                payload = payload[: self._pos]  # an interrupted encode's leftovers
+            taking = (payload, self._snap, self._buf_first, self._next_lsn)
+            # Out of the buffer and into _taking in one step, then the buffer is cleared
+            # (the slow path clears it if this is interrupted).
+            self._taking = taking
+            self._blocked = True
             self._pos = 0
-            snaps = self._snap
-            first, end = self._buf_first, self._next_lsn
             self._snap = []
-            self._buf_first = end
-        count = end - first
-        data = _encoder.record_batch(payload, count, snaps, first, now_us(), self.settings.compression)
-        n_snap = len(snaps)
-        # Counted before _append, whose trigger check must see this batch's updates.
-        self._log_update_records += count - n_snap
+            self._buf_first = taking[3]
+            self._rewind(0)
+            self._blocked = False
+            if self._failed is not None or self._closed:
+                self._blocked = True
+        self._hand_over(flush)
+
+    def _hand_over(self, flush: bool) -> None:
+        """Give the detached batch to the segment writer (and the secondaries)."""
+        taking = self._taking
+        assert taking is not None
+        payload, snaps, first, end = taking
+        data = self._taking_batch
+        if data is None:
+            data = _encoder.record_batch(payload, end - first, snaps, first, now_us(), self.settings.compression)
+            self._taking_batch = data
         self._append(data, first, end, flush)
+        n_updates = end - first - len(snaps)
+        self._taking = None
+        self._taking_batch = None
         c = self._counts
-        c["updates"] += count - n_snap
-        c["snapshot_records"] += n_snap
+        c["updates"] += n_updates
+        c["snapshot_records"] += len(snaps)
+        self._log_update_records += n_updates
+        self._after_batch()
 
     def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
         sw = self._sw
@@ -423,7 +519,6 @@ class LogCore:
         c["bytes"] += len(data)
         for replica in self._replicas:
             replica.batch(data, first, end)
-        self._after_batch()
 
     def _flush_writer(self) -> None:
         """Hand the current segment writer's buffered bytes to storage. Holds ``_io_lock``."""
@@ -435,6 +530,7 @@ class LogCore:
         self._write_pending(flush=False)
         pos = self._written_lsn
         self._append(_encoder.control_batch([record], pos, now_us()), pos, pos)
+        self._after_batch()
 
     def _sync_primary(self) -> None:
         sw = self._sw
@@ -444,9 +540,12 @@ class LogCore:
         self._counts["syncs"] += 1
 
     def _guarded(self, op: Callable[[], None]) -> None:
+        """Run a storage operation; an ``OSError`` fails the Log for good. Anything else
+        (an interruption) propagates as itself: the segment writer settles what it cut
+        short at its next call."""
         try:
             op()
-        except BaseException as e:
+        except OSError as e:
             self._fail(e)
             raise LogFailedError(f"writing to {self.dest.url} failed: {e}") from e
 
@@ -505,9 +604,13 @@ class LogCore:
         self._guarded(lambda: sw.seal(seal_batch(next_lsn)))
 
     def close(self) -> None:
-        """Write what is pending and seal the current log."""
+        """Write what is pending and seal the current log.
+
+        If an interruption (not an ``OSError``) stops it, the Log stays closed to updates
+        but holds on to its records, writer and lock: calling it again finishes the job.
+        """
         with self._io_lock:
-            if self._closed:
+            if self._let_go:
                 return
             self._group.stop()
             with self._lock:
@@ -516,19 +619,25 @@ class LogCore:
                 self._closed = True
                 self._blocked = True
             try:
-                if self._failed is None and self._sw is not None:
+                if self._failed is None and self._sw is not None and not self._sw.sealed:
                     self._write_pending(flush=False)
                     self._seal(self._sw, self._written_lsn)
                     self._durable_lsn = self._written_lsn
-            finally:
-                for replica in self._replicas:
-                    replica.close(seal=self._failed is None)
-                if self._sw is not None:
-                    try:
-                        self._sw.close()
-                    except OSError:
-                        pass
-                self._release()
+            except Exception:
+                self._let_everything_go()
+                raise
+            self._let_everything_go()
+
+    def _let_everything_go(self) -> None:
+        self._let_go = True
+        for replica in self._replicas:
+            replica.close(seal=self._failed is None)
+        if self._sw is not None:
+            try:
+                self._sw.close()
+            except OSError:
+                pass
+        self._release()
 
     @property
     def _current_writer(self) -> SegmentWriter | None:
@@ -551,7 +660,7 @@ class LogCore:
         return self._durable_lsn - 1
 
     def _has_pending(self) -> bool:
-        return self._pos > 0
+        return self._pos > 0 or self._taking is not None
 
 
 __all__ = ["LogCore", "PersistLogError"]

@@ -218,20 +218,21 @@ class _Columns:
             self._common(batch, lo, hi - lo, kind, None)
             return
         json = self.json
-        kinds: Sequence[str] | None
-        if kind is None:
-            records, kinds = batch.records_and_kinds(json.loads)
-        else:
-            records, kinds = batch.records(json.loads), None
-        # Records with maps keyed by non-strings took the plain decoder: the careful way.
-        text = to_json if type(records) is PlainRecords else json.dumps
-        if lo or hi != len(records):
-            records = records[lo:hi]
-            kinds = kinds[lo:hi] if kinds is not None else None
-        self.records.extend([text(r) for r in records])
-        self._common(batch, lo, len(records), kind, kinds)
-        if self.resource:
-            self._resource(records, text)
+        # JsonRecords.loads refuses maps keyed by other than strings: its own decoding only.
+        slices = batch.record_slices(json.loads, plain=False)
+        kinds = slices.kinds() if kind is None else None
+        for first, records in slices:
+            a, b = max(lo, first), min(hi, first + len(records))
+            if a >= b:
+                continue
+            # Records with maps keyed by non-strings took the plain decoder: the careful way.
+            text = to_json if type(records) is PlainRecords else json.dumps
+            if a != first or b != first + len(records):
+                records = records[a - first : b - first]
+            self.records.extend([text(r) for r in records])
+            self._common(batch, a, len(records), kind, kinds[a:b] if kinds is not None else None)
+            if self.resource:
+                self._resource(records, text)
 
     def _from_bytes(self, batch: Batch, lo: int, hi: int) -> bool:
         """The text columns straight from the batch's bytes, if the C path takes it."""
@@ -359,7 +360,8 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
             if batch.is_control:
                 continue
             try:
-                batch.records(_count_only)
+                for _first, _records in batch.record_slices(_count_only):
+                    pass
             except Damage as d:
                 rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
         for p in rng.problems:

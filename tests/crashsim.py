@@ -75,6 +75,7 @@ from typing import Any
 
 import destinations
 from destinations import AppendFile, Destination, WriterLock, open_destination
+from persistlog import _exit as persistlog_exit
 
 PROTOCOL = "crashsim"
 
@@ -275,6 +276,9 @@ class CrashSim:
                 lg.close()
             except BaseException:  # noqa: BLE001 - the dead process raises whatever it raises
                 pass
+        # A dead process seals nothing at its exit: the close above was its last act.
+        lg._close_done = True
+        persistlog_exit.forget(lg)
 
     # -- the durability model -------------------------------------------------------------
 
@@ -618,6 +622,14 @@ class _SimAppendFile(AppendFile):
             m = self.sim._files[self.path]
             m.synced_len = max(m.synced_len, size)
         self.dest._point("after", "append.sync", self.name)
+
+    def truncate(self, size: int) -> None:
+        self.sim.check_alive()
+        self.inner.truncate(size)
+        with self.sim._mutex:
+            m = self.sim._files.get(self.path)
+            if m is not None:
+                m.synced_len = min(m.synced_len, size)
 
     @property
     def size(self) -> int:

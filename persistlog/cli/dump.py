@@ -119,17 +119,19 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
             if batch.first_lsn + batch.header.count <= from_lsn:
                 continue  # wholly before --from-lsn: no need to decode it
             try:
-                records, kinds = batch.records_and_kinds(loads)
+                slices = batch.record_slices(loads)
+                kinds = slices.kinds()
+                for first, records in slices:
+                    for j, record in enumerate(records, first):
+                        lsn = batch.first_lsn + j
+                        if lsn >= from_lsn:
+                            writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
+                                         kind=kinds[j], commit_us=batch.header.commit_us, record=record)
             except Damage as d:
                 damaged = True
                 name = dict(segments).get(batch.segment, str(batch.segment))
                 error(f"damage: log {seq} segment {name} offset {batch.offset}: {d.reason} (batch skipped)")
                 continue
-            for j, (record, kind) in enumerate(zip(records, kinds)):
-                lsn = batch.first_lsn + j
-                if lsn >= from_lsn:
-                    writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
-                                 kind=kind, commit_us=batch.header.commit_us, record=record)
         st = scanner.state
         for sk in st.skipped:
             damaged = True

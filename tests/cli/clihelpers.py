@@ -57,6 +57,13 @@ class KV:
         for key, value in list(self.data.items()):
             emit({"op": "put", "key": key, "value": value})
 
+    def apply(self, record: Any) -> None:
+        """Replay one record (``persistlog.open(..., replay=kv.apply)`` restores first)."""
+        if record["op"] == "put":
+            self.data[record["key"]] = record["value"]
+        else:
+            self.data.pop(record["key"], None)
+
     def put(self, log: persistlog.Log, key: str, value: Any) -> int:
         lsn = log.update({"op": "put", "key": key, "value": value})
         self.data[key] = value

@@ -95,7 +95,7 @@ def test_info_describes_every_log(logdir: str) -> None:
 
 def test_info_shows_a_live_writer_without_taking_its_lock(logdir: str) -> None:
     kv = KV()
-    lg = persistlog.open(logdir, kv.enumerate_all)
+    lg = persistlog.open(logdir, kv.enumerate_all, replay=kv.apply)
     try:
         data = json.loads(cli("info", logdir, "--json").out)
         holder = data["holder"]
@@ -185,7 +185,7 @@ def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: s
         raise RuntimeError("enumeration failed")
 
     with pytest.raises(persistlog.EnumerateError):
-        persistlog.open(logdir, failing)  # leaves log 4, incomplete
+        persistlog.open(logdir, failing, discard_existing=True)  # leaves log 4, incomplete
     Path(logdir, "CURRENT").write_bytes(_encoder.pointer(4))
     run = cli("verify", logdir)
     assert run.status == 1 and "CURRENT names log 4, which has no snapshot-complete marker" in run.out
@@ -312,7 +312,7 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
     )
     try:
         kv = KV()
-        lg = persistlog.open(logdir, kv.enumerate_all)
+        lg = persistlog.open(logdir, kv.enumerate_all, replay=kv.apply)
         try:
             lsn = kv.put(lg, "arrived", "later")
             lg.sync()
@@ -433,7 +433,7 @@ def test_forced_repair_that_removes_the_complete_marker_moves_current_back(logdi
 def test_repair_waits_for_no_writer(logdir: str) -> None:
     tear_newest(logdir)
     kv = KV()
-    lg = persistlog.open(logdir, kv.enumerate_all)
+    lg = persistlog.open(logdir, kv.enumerate_all, replay=kv.apply)
     try:
         run = cli("repair", logdir)
         assert run.status == 2 and "live writer" in run.err

@@ -1,6 +1,6 @@
 """The process ``test_crash.py`` kills with SIGKILL: an app writing a log with fsync durability.
 
-``python crash_child.py URL SEED THREADS MODE``. It restores URL, opens it with
+``python crash_child.py URL SEED THREADS MODE``. It restores and opens URL with
 ``durability="fsync"`` and small rotation triggers, and runs THREADS updater threads, each
 owning its own keys. Every event goes to stdout as one line (one ``os.write``, so lines
 from threads never interleave):
@@ -45,7 +45,6 @@ def main() -> None:
         else:
             data.pop(r["key"], None)
 
-    persistlog.restore(url, apply)
 
     def owner(key: str) -> int:
         return int(key[1: key.index("k")])
@@ -77,7 +76,9 @@ def main() -> None:
     )
 
     def open_log() -> persistlog.Log:
-        lg = persistlog.open(url, enumerate_all, **options)
+        # Every open restores first (the state is what the log holds), then starts a log.
+        data.clear()
+        lg = persistlog.open(url, enumerate_all, replay=apply, **options)
         out(f"O {lg.seq} {lg.next_lsn}")
         return lg
 

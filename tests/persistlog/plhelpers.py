@@ -19,6 +19,7 @@ import persistlog
 from batches import batch_offsets
 from threads import wait_until  # noqa: F401 - the tests import it from here
 from persistlog import _decoder
+from persistlog import _exit as persistlog_exit
 from persistlog import _format as F
 
 # -- hypothesis profiles ------------------------------------------------------------------
@@ -91,6 +92,15 @@ class App:
             raise self.fail_enumerate
 
     def open(self, url: str, **options: Any) -> persistlog.Log:
+        """Restore, then open: a destination holding records replaces the app's state
+        (an empty one keeps the state the App was built with, which the enumeration writes)."""
+        restored: dict[Any, Any] = {}
+        result = persistlog.restore(
+            url, lambda r: apply(restored, r),
+            **{k: options[k] for k in ("storage_options", "codec") if k in options},
+        )
+        if result.found:
+            self.data = restored
         self.log = persistlog.open(url, self.enumerate_all, **options)
         return self.log
 
@@ -200,6 +210,9 @@ def crash(lg: persistlog.Log) -> None:
             lg._blocked = True
     lg._release()
     lg.dest.close()
+    # A killed process seals nothing at its exit.
+    lg._close_done = True
+    persistlog_exit.forget(lg)
 
 
 # -- files --------------------------------------------------------------------------------

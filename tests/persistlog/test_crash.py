@@ -229,7 +229,8 @@ def test_sigkill_during_enumeration_keeps_the_last_complete_log(tmp_path: Any, w
     # A writer opens on it and completes a new log.
     code2 = (
         "import sys, persistlog\n"
-        "lg = persistlog.open(sys.argv[1], lambda emit: emit({'op': 'put', 'key': 'z', 'value': 1}))\n"
+        "lg = persistlog.open(sys.argv[1], lambda emit: emit({'op': 'put', 'key': 'z', 'value': 1}),\n"
+        "                     discard_existing=True)\n"
         "lg.close()\n"
     )
     subprocess.run([sys.executable, "-c", code2, url], check=True)

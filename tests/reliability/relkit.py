@@ -80,6 +80,14 @@ class App:
                         emit({"op": "put", "key": key, "value": value})
 
     def open(self, url: str, **options: Any) -> persistlog.Log:
+        """Restore, then open: a destination holding records replaces the app's state."""
+        restored: dict[Any, Any] = {}
+        result = persistlog.restore(
+            url, lambda r: apply(restored, r),
+            **{k: options[k] for k in ("storage_options", "codec") if k in options},
+        )
+        if result.found:
+            self.data = restored
         self.log = persistlog.open(url, self.enumerate_all, **options)
         return self.log
 

@@ -23,7 +23,7 @@ def _dump(emit: Any) -> None:
 
 
 def _assert_openable(url: str) -> None:
-    lg = persistlog.open(url, _dump)
+    lg = persistlog.open(url, _dump, discard_existing=True)  # only the lock matters here
     lg.close()
 
 

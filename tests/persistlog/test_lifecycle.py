@@ -1,0 +1,241 @@
+"""The Log's lifecycle on ordinary paths: opening over records, calls that would wait for
+themselves, logs left open at exit or dropped unclosed."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import persistlog
+from plhelpers import is_sealed_log, wait_until
+
+
+# -- calls from inside enumerate_all --------------------------------------------------------
+
+
+@pytest.mark.parametrize("call", ["rotate", "close", "add_destination"])
+def test_waiting_calls_from_inside_enumerate_all_raise_at_once(log_dir: str, tmp_path: Any, call: str) -> None:
+    """rotate(), close() and add_destination() wait for the rotation; from the rotation
+    thread itself they would wait forever, so they raise RuntimeError at once."""
+    seen: list[BaseException | str] = []
+    lg: persistlog.Log | None = None
+    calls: dict[str, Callable[[persistlog.Log], Any]] = {
+        "rotate": lambda lg: lg.rotate(),
+        "close": lambda lg: lg.close(),
+        "add_destination": lambda lg: lg.add_destination(str(tmp_path / "second")),
+    }
+
+    def enumerate_all(emit: Callable[[Any], None]) -> None:
+        emit({"op": "put", "key": "a", "value": 1})
+        if lg is not None and not seen:
+            try:
+                calls[call](lg)
+            except BaseException as e:  # noqa: BLE001 - recorded for the test to check
+                seen.append(e)
+            else:
+                seen.append("returned")
+
+    lg = persistlog.open(log_dir, enumerate_all)
+    rotating = threading.Thread(target=lg.rotate, daemon=True)
+    rotating.start()
+    rotating.join(20)
+    assert not rotating.is_alive(), f"{call}() from inside enumerate_all hung"
+    assert len(seen) == 1 and isinstance(seen[0], RuntimeError), seen
+    assert "enumerate_all" in str(seen[0])
+    # The log is unharmed: it rotates again, and goes on.
+    assert lg.rotate() == lg.seq
+    lg.update({"op": "put", "key": "b", "value": 2})
+    lg.close()
+    records: list[Any] = []
+    persistlog.restore(log_dir, records.append)
+    assert records == [{"op": "put", "key": "a", "value": 1}, {"op": "put", "key": "b", "value": 2}]
+
+
+# -- opening over records nobody restored ---------------------------------------------------
+
+
+def _put(i: int) -> dict[str, Any]:
+    return {"op": "put", "key": f"k{i}", "value": i}
+
+
+def _state_of(records: list[Any]) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for r in records:
+        if r["op"] == "put":
+            state[r["key"]] = r["value"]
+        else:
+            state.pop(r["key"], None)
+    return state
+
+
+def _write(url: str, n: int, **options: Any) -> None:
+    lg = persistlog.open(url, lambda emit: None, **options)
+    for i in range(n):
+        lg.update(_put(i))
+    lg.close()
+
+
+def test_open_over_records_nobody_restored_is_refused(log_dir: str) -> None:
+    _write(log_dir, 5)
+    for _ in range(3):  # refusing writes nothing: the real state is never retained away
+        with pytest.raises(persistlog.ExistingLogError, match="replay=") as info:
+            persistlog.open(log_dir, lambda emit: None, retain=1)
+        assert isinstance(info.value, persistlog.PersistLogError)
+        assert "restore" in str(info.value) and "discard_existing=True" in str(info.value)
+    records: list[Any] = []
+    persistlog.restore(log_dir, records.append)
+    assert _state_of(records) == {f"k{i}": i for i in range(5)}
+    # The lock was let go each time: another writer may open.
+    persistlog.open(log_dir, lambda emit: None, discard_existing=True).close()
+
+
+def test_open_with_replay_restores_first(log_dir: str) -> None:
+    _write(log_dir, 5)
+    state: dict[str, Any] = {}
+
+    def enumerate_all(emit: Callable[[Any], None]) -> None:
+        for k, v in list(state.items()):
+            emit({"op": "put", "key": k, "value": v})
+
+    lg = persistlog.open(log_dir, enumerate_all, replay=lambda r: state.update(_state_of([r])))
+    assert state == {f"k{i}": i for i in range(5)}
+    assert isinstance(lg.restored, persistlog.RestoreResult)
+    assert lg.restored.found and lg.restored.records == 5
+    lg.update(_put(9))
+    state["k9"] = 9
+    lg.close()
+    batches: list[list[Any]] = []
+    lg = persistlog.open(log_dir, enumerate_all, replay_batch=batches.append, retain=1)
+    assert _state_of([r for b in batches for r in b]) == state
+    lg.close()
+    with pytest.raises(TypeError, match="not both"):
+        persistlog.open(log_dir, enumerate_all, replay=print, replay_batch=print)
+    # Without replay= there is nothing restored to report.
+    lg = persistlog.open(str(Path(log_dir) / "fresh"), enumerate_all)
+    assert lg.restored is None
+    lg.close()
+
+
+def test_restore_then_open_in_the_same_process_stays_valid(log_dir: str) -> None:
+    _write(log_dir, 5)
+    records: list[Any] = []
+    persistlog.restore(log_dir + "/", records.append)  # the same directory, spelled otherwise
+    lg = persistlog.open(log_dir, lambda emit: [emit(r) for r in records])
+    lg.update(_put(7))
+    lg.close()
+    # Written since the restore: that restore no longer covers what is there.
+    with pytest.raises(persistlog.ExistingLogError):
+        persistlog.open(log_dir, lambda emit: None)
+    records = []
+    persistlog.restore(log_dir, records.append)
+    persistlog.open(log_dir, lambda emit: [emit(r) for r in records]).close()
+    # Another writer writing between the restore and the open is caught too.
+    persistlog.restore(log_dir, lambda r: None)
+    _write(log_dir, 1, discard_existing=True)
+    with pytest.raises(persistlog.ExistingLogError):
+        persistlog.open(log_dir, lambda emit: None)
+
+
+def test_discard_existing_starts_over_on_purpose(log_dir: str) -> None:
+    _write(log_dir, 5)
+    lg = persistlog.open(log_dir, lambda emit: emit(_put(100)), discard_existing=True, retain=1)
+    lg.close()
+    records: list[Any] = []
+    persistlog.restore(log_dir, records.append)
+    assert records == [_put(100)]
+
+
+def test_resource_store_open_restores_first(log_dir: str) -> None:
+    s = persistlog.ResourceStore.open(log_dir)
+    s["a"] = 1
+    s.close()
+    s = persistlog.ResourceStore.open(log_dir)
+    assert s.to_dict() == {"a": 1} and s.restored is not None and s.restored.records == 1
+    s.close()
+
+
+# -- logs left open -------------------------------------------------------------------------
+
+_LEFT_OPEN = """
+import sys, persistlog
+url, kind, ending = sys.argv[1], sys.argv[2], sys.argv[3]
+if kind == "store":
+    s = persistlog.ResourceStore.open(url)
+    for i in range(10):
+        s[f"user:{i}"] = {"n": i}
+else:
+    lg = persistlog.open(url, lambda emit: None)   # buffered, the default
+    for i in range(10):
+        lg.update({"op": "put", "key": f"user:{i}", "value": {"n": i}})
+if ending == "exit3":
+    raise SystemExit(3)
+"""
+
+
+def _persistlog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("persistlog-")]
+
+
+@pytest.mark.parametrize("ending", ["end", "exit3"])
+@pytest.mark.parametrize("kind", ["log", "store"])
+def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str, ending: str) -> None:
+    """A script ending (or raising SystemExit) without close(): the interpreter's exit
+    writes the buffered records and seals the log."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEFT_OPEN, log_dir, kind, ending], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == (3 if ending == "exit3" else 0), proc.stderr
+    records: list[Any] = []
+    result = persistlog.restore(log_dir, records.append)
+    assert _state_of(records) == {f"user:{i}": {"n": i} for i in range(10)}
+    assert result.torn_tail is None and is_sealed_log(log_dir, result.logs[-1])
+    if kind == "store":
+        s = persistlog.ResourceStore.open(log_dir)
+        assert len(s) == 10
+        s.close()
+
+
+def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str) -> None:
+    lg = persistlog.open(log_dir, lambda emit: None, flush_interval=3600)
+    for i in range(10):
+        lg.update(_put(i))  # buffered: only in the Log's memory
+    ref = weakref.ref(lg)
+    with pytest.warns(ResourceWarning, match="never closed"):
+        del lg
+        # The rotation thread may still hold it for a moment after open() returned.
+        wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
+    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    records: list[Any] = []
+    result = persistlog.restore(log_dir, records.append)
+    assert records == [_put(i) for i in range(10)]
+    assert is_sealed_log(log_dir, result.logs[-1])
+    persistlog.open(log_dir, lambda emit: None, replay=lambda r: None).close()  # the lock is free
+
+
+def test_nothing_keeps_an_unreferenced_log_alive(log_dir: str) -> None:
+    """Neither the exit registry nor the Log's own threads (flush, rotation, group commit)
+    hold it: a dropped Log is collected, and its threads end."""
+    store = persistlog.ResourceStore.open(log_dir, durability="fsync", rotate_interval=3600)
+    workers = [threading.Thread(target=lambda i=i: store.__setitem__(f"k{i}", i)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ref = weakref.ref(store.log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del store, workers
+        wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
+    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    s = persistlog.ResourceStore.open(log_dir)
+    assert s.to_dict() == {f"k{i}": i for i in range(8)}
+    s.close()
