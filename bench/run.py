@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import async_log
 import core
 import follower
 import s3
@@ -35,6 +36,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
     "shapes": shapes.BENCHMARKS,
+    "asyncio": async_log.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }

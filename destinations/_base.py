@@ -23,12 +23,15 @@ class LockHeld(BlockingIOError):
     """Another live writer holds the destination's writer lock (or lease).
 
     ``holder`` describes that writer as it recorded itself (host, pid, writer id), or is
-    empty when the holder could not be read.
+    empty when the holder could not be read. ``expires`` is when a lease runs out unless
+    renewed (seconds since the Unix epoch, by the holder's clock), None for a lock that
+    lasts as long as its holder's process.
     """
 
-    def __init__(self, message: str, holder: str = "") -> None:
+    def __init__(self, message: str, holder: str = "", expires: float | None = None) -> None:
         super().__init__(message)
         self.holder = holder
+        self.expires = expires
 
 
 class AppendFile(abc.ABC):

@@ -283,6 +283,8 @@ class ObjectStoreDestination(Destination):
 
         A lease whose ``expires`` (the holder's wall clock) has passed is taken over; hosts'
         clocks must agree to well within ``ttl``. Unreadable lease contents count as expired.
+        A lease recorded under this same ``owner`` is taken back at once: owners are unique
+        per writer, so it can only be this writer's own.
         """
         if ttl <= 0:
             raise ValueError(f"lease ttl must be positive, not {ttl}")
@@ -302,11 +304,19 @@ class ObjectStoreDestination(Destination):
             holder = describe_holder(raw)
             info = parse_record(raw)
             expires = info.get("expires") if info else None
-            if isinstance(expires, (int, float)) and expires > time.time():
-                raise LockHeld(f"{self.url} is leased by another writer: {holder}", holder)
-            logger.warning(
-                "%s: taking over the expired lease of %s", self, holder or "an unknown writer"
-            )
+            ours = info is not None and info.get("owner") == owner
+            if isinstance(expires, (int, float)) and expires > time.time() and not ours:
+                raise LockHeld(
+                    f"{self.url} is leased by another writer: {holder}", holder, float(expires)
+                )
+            if ours:
+                # Written by this very writer: a renewal that landed though its answer was
+                # lost (the lease then names a version we never learnt).
+                logger.info("%s: taking back a lease this writer wrote", self)
+            else:
+                logger.warning(
+                    "%s: taking over the expired lease of %s", self, holder or "an unknown writer"
+                )
             try:
                 version = self._put_if(LEASE_NAME, body, version)
                 return Lease(self, owner, token, ttl, version)

@@ -12,6 +12,7 @@ See README.md for the guarantees of each durability mode and docs/FORMAT.md for 
 """
 
 from ._api import restore
+from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
 from ._errors import (
     CorruptLogError,
@@ -33,6 +34,7 @@ from ._restore import RestoreResult
 from ._store import ResourceStore
 
 __all__ = [
+    "AsyncLog",
     "Codec",
     "CorruptLogError",
     "Cursor",
@@ -55,7 +57,9 @@ __all__ = [
     "WriterConflict",
     "follow",
     "open",
+    "open_async",
     "restore",
+    "restore_async",
 ]
 
 for _name in __all__:

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from types import TracebackType
@@ -31,7 +31,7 @@ from . import _format as F
 from ._codec import Codec
 from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
-from ._reader import Batch, LogScanner
+from ._reader import Batch, LogScanner, declares_gap, read_pointer
 from ._restore import gc_pause, plan, scan_from
 
 log = logging.getLogger("persistlog")
@@ -139,6 +139,7 @@ class Follower:
     Use it as a background thread (``start()``/``stop()`` or ``with``), or iterate it to
     drive your own loop: each item is a :class:`FollowedBatch` (already passed to
     ``replay``/``replay_batch`` if given), and iteration blocks until more arrives.
+    ``async for`` does the same from an event loop without blocking it.
     """
 
     def __init__(
@@ -299,6 +300,15 @@ class Follower:
                 self._caught_up.set()
                 self._stop.wait(self.poll_interval)
 
+    def __aiter__(self) -> AsyncIterator[FollowedBatch]:
+        """``async for batch in follower``: the same batches as iterating, with every read
+        on the loop's default executor and the waits between polls on the loop. ``replay``
+        or ``replay_batch``, if given, run on that executor's thread: an asyncio app
+        usually passes neither and applies ``batch.records`` in the loop's body."""
+        from ._async_follow import followed_batches  # asyncio only for asyncio apps
+
+        return followed_batches(self)
+
     # -- the loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -437,7 +447,14 @@ class Follower:
             assert cur is not None
             parsed = F.parse_segment_name(n)
             assert parsed is not None
-            seq = parsed[0]
+            seq, number = parsed
+            if (
+                number == 0
+                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and first_lsn(self.dest, n) != cur.next_lsn))
+                and declares_gap(self.dest, [(0, n)])
+            ):
+                yield from self._after_gap(seq)
+                return
             nxt = dict(next_segments(cur, self._sealed)).get(n)
             if nxt is None:
                 # Retention deleted the cursor's log (FileNotFoundError: a reset, see
@@ -464,6 +481,16 @@ class Follower:
             self._cursor = nxt
             more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
             yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
+
+    def _after_gap(self, seq: int) -> Iterator[FollowedBatch]:
+        """Log ``seq`` follows a gap its writer left here (a secondary that was detached or
+        behind): our history cannot go on into it. Re-sync once a log from it on is
+        complete (CURRENT names it); until then there is nothing newer to apply."""
+        pointer = read_pointer(self.dest)
+        if pointer is not None and pointer >= seq:
+            yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
+        else:
+            self._at_end = True
 
     def _scan(self, cur: Cursor, name: str, final: bool, more_segments: bool = False) -> Iterator[FollowedBatch]:
         self._at_end = False

@@ -58,6 +58,9 @@ MAX_CBOR_DEPTH = 10_000
 CONTROL_HEADER = "header"
 CONTROL_COMPLETE = "complete"
 CONTROL_SEAL = "seal"
+# Key of a log header set when the logs before this one at this destination do not chain
+# to it: the writer missed logs or records here (a secondary detached or behind).
+HEADER_AFTER_GAP = "after_gap"
 
 FIRST_LSN = 1
 FIRST_SEQ = 1

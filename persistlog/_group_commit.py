@@ -215,13 +215,19 @@ class GroupCommit:
         them makes one sync of two, where the group would otherwise split into halves
         taking turns.
         """
-        deadline = time.monotonic() + limit
         self._want = expect
         try:
-            while len(self._waiters) < expect:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stopped:
-                    return
-                self._cv.wait(left)
+            gather(self._cv, lambda: len(self._waiters) >= expect or self._stopped, limit)
         finally:
             self._want = 0
+
+
+def gather(cv: threading.Condition, gathered: Callable[[], bool], limit: float) -> None:
+    """Wait on ``cv`` (held) until ``gathered()``, for ``limit`` seconds at most: a sync
+    thread waiting for the waiters its last sync released to come back."""
+    deadline = time.monotonic() + limit
+    while not gathered():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        cv.wait(left)

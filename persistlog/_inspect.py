@@ -29,7 +29,7 @@ from destinations import Destination
 from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage
-from ._reader import LogScanner, list_logs, read_pointer
+from ._reader import LogScanner, declares_gap, list_logs, read_pointer
 
 log = logging.getLogger("persistlog")
 
@@ -235,6 +235,14 @@ class DestinationReport:
     #: The log a restore starts from and whether that log is complete.
     restore_from: int | None = None
     restore_complete: bool = False
+    #: How far a restore reaches: its last LSN and that record's commit time (µs since the
+    #: Unix epoch), so a secondary's report says what a failover to it would lose.
+    restore_last_lsn: int | None = None
+    restore_last_commit_us: int | None = None
+    #: Logs whose writer declared that they do not continue the log before them here (a
+    #: secondary that was detached or behind); those a restore leaves out.
+    gaps: list[int] = field(default_factory=list)
+    restore_skips: list[int] = field(default_factory=list)
     records_checked: int | None = None
 
     def all_problems(self) -> list[Problem]:
@@ -281,6 +289,10 @@ class DestinationReport:
             "format_versions": self.format_versions,
             "restore_from": self.restore_from,
             "restore_complete": self.restore_complete,
+            "restore_last_lsn": self.restore_last_lsn,
+            "restore_last_commit_us": self.restore_last_commit_us,
+            "gaps": self.gaps,
+            "restore_skips": self.restore_skips,
             "logs": [lg.to_dict() for lg in self.logs],
             "records_checked": self.records_checked,
             "problems": [p.to_dict() for p in self.all_problems()],
@@ -580,7 +592,11 @@ def inspect_destination(
         after_oldest = previous is not None and previous is oldest and not previous.sealed
         if after_oldest:
             expect = None
-        if previous is not None and seq != previous.seq + 1 and previous.segments:
+        declared = previous is not None and declares_gap(dest, segments)
+        if declared:
+            report.gaps.append(seq)
+            expect = None  # not a break in the chain: its writer said so
+        if previous is not None and seq != previous.seq + 1 and previous.segments and not declared:
             last = previous.segments[-1]
             missing = f"log {previous.seq + 1}" if seq == previous.seq + 2 else f"logs {previous.seq + 1}..{seq - 1}"
             previous.problems.append(
@@ -592,9 +608,14 @@ def inspect_destination(
             expect = None  # the gap is the finding; do not report the LSN jump twice
         reader = _LogReader(dest, seq, segments, expect, check_records, on_batch)
         info = reader.read()
+        if declared:
+            info.problems.insert(0, Problem(
+                WARNING, f"log {seq} follows a gap its writer left here (a secondary detached or behind when "
+                "its writer crashed): no replay reads across it", seq, segments[0][1], 0,
+            ))
         checked += reader.records_checked
         report.logs.append(info)
-        if after_oldest and previous is not None and info.first_lsn != previous.next_lsn:
+        if after_oldest and not declared and previous is not None and info.first_lsn != previous.next_lsn:
             cut_short = (previous, info)
         bytes_before += info.bytes
         segments_before += len(segments)
@@ -605,6 +626,7 @@ def inspect_destination(
             oldest = oldest or info
     report.records_checked = checked if check_records else None
     _decide_restore(report)
+    _restore_reach(report)
     if cut_short is not None:
         _judge_cut_short(report, *cut_short)
     return report
@@ -666,6 +688,28 @@ def _decide_restore(report: DestinationReport) -> None:
         report.restore_from, report.restore_complete = max(complete), True
     else:
         report.restore_from, report.restore_complete = min(by_seq), False
+
+
+def _restore_reach(report: DestinationReport) -> None:
+    """The logs a restore replays end at the first declared gap after its start: how far
+    they reach, and which logs it leaves out."""
+    start = report.restore_from
+    if start is None:
+        return
+    replayed = [lg for lg in report.logs if lg.seq >= start and not lg.vanished]
+    if not report.restore_complete and start in report.gaps:
+        cut = 0
+    else:
+        cut = next((i for i, lg in enumerate(replayed) if i and lg.seq in report.gaps), len(replayed))
+    report.restore_skips = [lg.seq for lg in replayed[cut:]]
+    for lg in reversed(replayed[:cut]):
+        if lg.last_lsn is not None:
+            report.restore_last_lsn = lg.last_lsn
+            break
+    for lg in reversed(replayed[:cut]):
+        if lg.last_commit_us is not None:
+            report.restore_last_commit_us = lg.last_commit_us
+            break
 
 
 __all__ = [

@@ -19,9 +19,9 @@ from . import _exit
 from . import _format as F
 from ._api import restore, restored_here
 from ._codec import Codec
-from ._decoder import Damage, check_payload, control_records, parse_batch_header, parse_trailer
-from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError
-from ._reader import LogScanner, list_logs, read_pointer
+from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError, WriterConflict
+from ._reader import end_of_logs as _end_of_logs
+from ._reader import list_logs, read_pointer
 from ._replicas import Replica
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Rotator
@@ -40,33 +40,6 @@ def _destination(url: str | os.PathLike[str], storage_options: dict[str, Any] | 
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
     return open_destination(url, **(storage_options or {}))
-
-
-def _end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int]:
-    """``(newest seq, next LSN)`` of what is at the destination, reading as little as it can:
-    the seal of a cleanly closed log, else a scan of the newest log's last segment."""
-    if not logs:
-        return 0, F.FIRST_LSN
-    seq = max(logs)
-    number, name = logs[seq][-1]
-    size = dest.size(name)
-    if size >= F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE + F.TRAILER_SIZE:
-        seal_at = parse_trailer(dest.read(name, size - F.TRAILER_SIZE, F.TRAILER_SIZE))
-        if seal_at is not None and seal_at < size - F.TRAILER_SIZE:
-            try:
-                head = parse_batch_header(dest.read(name, seal_at, F.BATCH_HEADER_SIZE), seal_at)
-                if head.kind == F.KIND_CONTROL and seal_at + head.size == size - F.TRAILER_SIZE:
-                    payload = dest.read(name, seal_at + F.BATCH_HEADER_SIZE, head.stored_len)
-                    for c in control_records(head, check_payload(head, payload, seal_at), seal_at):
-                        if c["t"] == F.CONTROL_SEAL and isinstance(c.get("next_lsn"), int):
-                            return seq, int(c["next_lsn"])
-            except Damage:
-                pass  # fall back to scanning, which reports the damage precisely
-    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))  # type: ignore[arg-type]
-    for _batch in scanner:
-        pass
-    next_lsn = scanner.state.next_lsn
-    return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
 
 
 class Log(LogCore):
@@ -152,6 +125,12 @@ class Log(LogCore):
         if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
             raise ValueError(f"{url} is already a destination of this log")
         replica = self._make_replica(url, storage_options)
+        if replica.error is not None:
+            # Asked for by name, so unlike a secondary given to open() it is not kept.
+            replica.close()
+            if isinstance(replica.error, WriterConflict):
+                raise replica.error
+            raise DestinationError(f"cannot open secondary {url} for writing: {replica.error}") from replica.error
         with self._io_lock:
             self._replicas.append(replica)
         seq = self.rotate(wait=wait, timeout=timeout)
@@ -178,9 +157,16 @@ class Log(LogCore):
             retain=self._rotator.retain,
             flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
             lease_ttl=self._lease_ttl,
+            on_ready=self._secondary_ready,
         )
         replica.attach()
         return replica
+
+    def _secondary_ready(self) -> None:
+        # A secondary taken back mid-log gets the next log whole: start one now rather
+        # than at a size trigger that may be hours away.
+        if not self._closed and self._failed is None:
+            self._rotator.request()
 
     def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
         """Start a new log now; returns its seq once complete (``wait=True``).

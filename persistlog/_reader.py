@@ -36,6 +36,8 @@ from ._errors import CorruptLogError, DestinationError
 log = logging.getLogger("persistlog")
 
 READ_CHUNK = 4 * 1024 * 1024
+# A log header batch is small unless the app's metadata is big: one read usually holds it.
+HEADER_PEEK = 1024
 
 RECOVERY_MODES = ("strict", "skip")
 
@@ -121,6 +123,9 @@ class LogState:
     last_commit_us: int | None = None
     torn: TornTail | None = None
     skipped: list[Skipped] = field(default_factory=list)
+    # The log does not chain to the one before it, and its header says the writer left
+    # that gap (it read nothing of the log: what follows a gap is no continuation).
+    after_gap: bool = False
     # Where the scan stopped: segment number and offset of the next byte to read.
     position: tuple[int, int] = (0, 0)
 
@@ -156,6 +161,45 @@ def read_pointer(dest: Destination) -> int | None:
     if seq is None:
         log.warning("%s/CURRENT is damaged; falling back to listing", dest.url)
     return seq
+
+
+def header_record(batch: bytes, offset: int = F.SEGMENT_HEADER_SIZE) -> dict[str, Any] | None:
+    """The log header control record framed in ``batch`` (None if it holds none)."""
+    try:
+        head = parse_batch_header(batch[:F.BATCH_HEADER_SIZE], offset)
+        if head.kind != F.KIND_CONTROL or len(batch) < head.size:
+            return None
+        raw = check_payload(head, batch[F.BATCH_HEADER_SIZE:head.size], offset)
+        records = control_records(head, raw, offset)
+    except Damage:
+        return None
+    return next((c for c in records if c["t"] == F.CONTROL_HEADER), None)
+
+
+def declares_gap(dest: Destination, segments: list[tuple[int, str]]) -> bool:
+    """Whether the log made of ``segments`` says in its header that it follows a gap.
+
+    Reads the start of its first segment only (one small read, two for a big header)."""
+    if not segments or segments[0][0] != 0:
+        return False
+    seg = SegmentBytes(dest, segments[0][1], 0, chunk=HEADER_PEEK)
+    try:
+        seg.size = dest.size(seg.name) if dest.appendable else F.SEGMENT_HEADER_SIZE + F.MAX_BATCH_BYTES
+        return _gap_declared(seg)
+    except OSError:
+        return False
+
+
+def _gap_declared(seg: SegmentBytes) -> bool:
+    head = seg.get(F.SEGMENT_HEADER_SIZE, F.BATCH_HEADER_SIZE)
+    try:
+        size = parse_batch_header(head, F.SEGMENT_HEADER_SIZE).size
+    except Damage:
+        return False
+    if size > F.MAX_BATCH_BYTES:
+        return False
+    header = header_record(seg.get(F.SEGMENT_HEADER_SIZE, size))
+    return bool(header and header.get(F.HEADER_AFTER_GAP) is True)
 
 
 class SegmentBytes:
@@ -277,6 +321,8 @@ class LogScanner:
                 raise
             except OSError as e:
                 raise self._read_error(name, e) from e
+            if st.after_gap:
+                break
             next_lsn = st.next_lsn
             if st.sealed or st.torn is not None:
                 if index != last_index:
@@ -303,6 +349,10 @@ class LogScanner:
                     f"segment header says log {sh.seq} segment {sh.segment}", name, 0, seg.size
                 )
             if next_lsn is not None and sh.first_lsn != next_lsn:
+                if number == 0 and _gap_declared(seg):
+                    st.after_gap = True
+                    st.position = (number, 0)
+                    return
                 self._corrupt(f"segment starts at LSN {sh.first_lsn}, expected {next_lsn}", name, 0)
             if next_lsn is None:
                 next_lsn = sh.first_lsn
@@ -464,3 +514,29 @@ class LogScanner:
             probe += max(len(window) - F.BATCH_HEADER_SIZE, 1)
         return seg.size
 
+
+def end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int]:
+    """``(newest seq, next LSN)`` of what is at the destination, reading as little as it can:
+    the seal of a cleanly closed log, else a scan of the newest log's last segment."""
+    if not logs:
+        return 0, F.FIRST_LSN
+    seq = max(logs)
+    number, name = logs[seq][-1]
+    size = dest.size(name)
+    if size >= F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE + F.TRAILER_SIZE:
+        seal_at = parse_trailer(dest.read(name, size - F.TRAILER_SIZE, F.TRAILER_SIZE))
+        if seal_at is not None and seal_at < size - F.TRAILER_SIZE:
+            try:
+                head = parse_batch_header(dest.read(name, seal_at, F.BATCH_HEADER_SIZE), seal_at)
+                if head.kind == F.KIND_CONTROL and seal_at + head.size == size - F.TRAILER_SIZE:
+                    payload = dest.read(name, seal_at + F.BATCH_HEADER_SIZE, head.stored_len)
+                    for c in control_records(head, check_payload(head, payload, seal_at), seal_at):
+                        if c["t"] == F.CONTROL_SEAL and isinstance(c.get("next_lsn"), int):
+                            return seq, int(c["next_lsn"])
+            except Damage:
+                pass  # fall back to scanning, which reports the damage precisely
+    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))  # type: ignore[arg-type]
+    for _batch in scanner:
+        pass
+    next_lsn = scanner.state.next_lsn
+    return seq, next_lsn if next_lsn is not None else F.FIRST_LSN

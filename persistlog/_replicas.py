@@ -6,9 +6,17 @@ thread mirrors the primary's log generations event by event (start, batches, sea
 pointer) with its own segment writer, so the secondary holds ordinary, self-sufficient
 logs that restore and followers read like any other.
 
-A secondary that fails is *detached*: the cause is logged and kept for ``Log.stats()``,
-its events are dropped until the next log starts, and then it is re-attached, because a
-new log is complete by itself.
+A secondary never stops the primary. One that cannot be attached (unreachable, or still
+leased by a crashed predecessor) or that fails later is *detached*: the cause is logged
+and kept for ``Log.stats()``, and the events of the log being written are dropped. The
+thread keeps trying to take the secondary back (when a lease runs out, else with a
+doubling wait), and once it has it asks for a rotation: a new log is complete by itself,
+so the secondary is whole again as soon as that log's enumeration is.
+
+A log written to a secondary that does not continue exactly the log before it there (a
+detached stretch, a writer that crashed with the secondary behind) says so in its header
+(``after_gap``): readers then start from a complete log after the gap, or stop before it,
+instead of reading a broken chain as corruption.
 """
 
 from __future__ import annotations
@@ -17,18 +25,28 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from ._errors import DestinationError, WriterConflict
+from . import _encoder
+from . import _format as F
+from ._errors import WriterConflict
+from ._reader import end_of_logs, header_record, list_logs
 from ._retention import apply_retention
-from ._segment_writer import SegmentWriter, move_pointer, seal_batch, segment_writer
+from ._segment_writer import SegmentWriter, move_pointer, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
 QUEUE_BATCHES = 256
 LEASE_TTL = 30.0
+#: Longest open() waits for a secondary to answer before going on without it.
+ATTACH_WAIT = 5.0
+#: Waits between attempts to take a detached secondary back: doubling from the first to
+#: the last, so that a secondary failing again and again costs few rotations.
+RETRY_FIRST = 1.0
+RETRY_MAX = 300.0
 
 
 class Replica:
@@ -44,6 +62,7 @@ class Replica:
         flush_interval: float,
         queue_batches: int = QUEUE_BATCHES,
         lease_ttl: float = LEASE_TTL,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
         self.lease_ttl = lease_ttl
         self.dest = dest
@@ -51,6 +70,7 @@ class Replica:
         self.segment_bytes = segment_bytes
         self.retain = retain
         self.flush_interval = flush_interval
+        self.on_ready = on_ready
         self.queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=queue_batches)
         self.error: BaseException | None = None
         self.detaches = 0
@@ -60,17 +80,34 @@ class Replica:
         self._lock: WriterLock | None = None
         self._sw: SegmentWriter | None = None
         self._next_lsn = 0
+        # (seq, next LSN) of the newest log at the destination when known for sure: a new
+        # log continues it only if it is the next seq starting at that LSN.
+        self._end: tuple[int, int] | None = None
         self._known_complete: list[int] = []
         self._complete_event = threading.Condition()
+        # Producer side (the Log's threads): events are numbered so that the thread can
+        # tell when some were dropped; a log's events are fed only if the secondary was
+        # healthy when the log started.
+        self._events = 0
+        self._expect = 1
+        self._feed = False
+        self._put_lock = threading.Lock()
+        self._failures = 0
+        self._retry_at: float | None = None
+        self._probed = threading.Event()
+        self._closing = False
         self._thread = threading.Thread(target=self._loop, name=f"persistlog-replica {dest.url}", daemon=True)
 
-    def attach(self) -> None:
-        """Take the destination's writer lock and start the thread."""
-        try:
-            self._take_lock()
-        except OSError as e:
-            raise DestinationError(f"cannot open secondary {self.dest.url} for writing: {e}") from e
+    def attach(self, wait: float = ATTACH_WAIT) -> None:
+        """Start the thread and wait up to ``wait`` seconds for it to take the secondary.
+
+        Never raises for the secondary's sake: one that is not taken by then is detached
+        (``error`` says why) and the thread keeps trying.
+        """
         self._thread.start()
+        if not self._probed.wait(wait):
+            self.error = TimeoutError(f"secondary {self.dest.url} did not answer within {wait}s")
+            log.warning("going on without secondary %s for now: it did not answer within %ss", self.dest.url, wait)
 
     def _take_lock(self) -> None:
         try:
@@ -78,29 +115,46 @@ class Replica:
             self._lock = self.dest.lock(self.writer_id, self.lease_ttl)
         except LockHeld as e:
             raise WriterConflict(f"secondary {e}; a destination has one writer at a time") from e
+        try:
+            self._end = end_of_logs(self.dest, list_logs(self.dest))
+        except Exception as e:  # unknown end: the next log declares a gap, which is always safe
+            log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
+            self._end = None
 
-    # -- events from the Log (called under its I/O lock, in LSN order) -------------------
+    # -- events from the Log (in LSN order; batches under its I/O lock) -----------------
+
+    def _put(self, event: tuple[Any, ...], feed: bool) -> None:
+        with self._put_lock:
+            self._events += 1
+            if feed:
+                self.queue.put((self._events, *event))
 
     def start(self, seq: int, first_lsn: int, header_batch: bytes) -> None:
-        self.queue.put(("start", seq, first_lsn, header_batch))
+        # Decided once per log: a secondary whose lock is not held now (its thread may be
+        # busy trying to take it) skips this whole log; one that failed but holds its lock
+        # is tried again with it, as every new log is complete by itself.
+        self._feed = self._lock is not None
+        self._put(("start", seq, first_lsn, header_batch, self._feed), True)
 
     def batch(self, data: bytes, first: int, end: int) -> None:
-        self.queue.put(("batch", data, first, end))
+        self._put(("batch", data, first, end), self._feed)
 
     def seal(self) -> None:
-        self.queue.put(("seal",))
+        self._put(("seal",), self._feed)
 
     def complete(self, seq: int) -> None:
-        self.queue.put(("complete", seq))
+        self._put(("complete", seq), self._feed)
 
     def close(self, seal: bool = False, timeout: float | None = 60.0) -> None:
         """Write what is queued (sealing the current log if asked), then stop."""
+        self._closing = True
         if not self._thread.is_alive():
             self._release()
             return
-        self.queue.put(("close", seal))
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        self._put(("close", seal), True)
+        # A thread still trying to take the secondary lets go of it when that returns.
+        self._thread.join(timeout if self._lock is not None else min(timeout or 1.0, 1.0))
+        if self._thread.is_alive() and self._lock is not None:
             log.warning("secondary %s did not drain within %ss", self.dest.url, timeout)
 
     def wait_complete(self, seq: int, timeout: float | None = None) -> bool:
@@ -121,42 +175,49 @@ class Replica:
         return self.error is None
 
     def stats(self) -> dict[str, Any]:
+        retry = self._retry_at
         return {
             "url": self.dest.url,
             "role": "secondary",
             "healthy": self.healthy,
             "attached": self._sw is not None,
             "error": repr(self.error) if self.error else None,
+            "retry_in": round(max(0.0, retry - time.monotonic()), 3) if retry is not None and self.error else None,
             "queued": self.queue.qsize(),
             "batches": self.batches,
             "bytes": self.bytes,
             "detaches": self.detaches,
             "complete_log": self.complete_seq,
+            "written_lsn": self._next_lsn - 1 if self._sw is not None else None,
         }
 
     # -- the thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
+        self._probe()
+        self._probed.set()
         last_renew = last_flush = time.monotonic()
         renew_every = self.lease_ttl / 3
         while True:
             # Flush on the interval even while events keep coming: waiting for an idle
             # queue would keep an object store's segments in memory under steady load.
             # Wake for the lease too, whatever the flush interval: a lapsed lease lets
-            # another writer in.
+            # another writer in; and for the next attempt to take a detached secondary.
             now = time.monotonic()
             wait = max(0.0, last_flush + self.flush_interval - now)
             if self._lock is not None and not self.dest.appendable:
                 wait = min(wait, max(0.0, last_renew + renew_every - now))
+            if self.error is not None and self._retry_at is not None:
+                wait = min(wait, max(0.0, self._retry_at - now))
             try:
                 event = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
             except queue.Empty:
                 event = None
             try:
-                if event is not None and event[0] == "close":
+                if event is not None and event[1] == "close":
                     try:
                         if self._sw is not None:
-                            if event[1]:
+                            if event[2]:
                                 self._seal()
                             else:
                                 self._sw.flush()
@@ -171,60 +232,134 @@ class Replica:
                         self._sw.flush()
                 if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
-                    try:
-                        self._lock.renew()
-                    except LockHeld:
-                        # Another writer took the lease over: never write there again
-                        # without taking it back first (at the next log's start).
-                        self._lock = None
-                        raise
+                    self._renew()
             except Exception as e:
-                if event is not None and event[0] == "close":
+                if event is not None and event[1] == "close":
                     log.warning("closing secondary %s failed: %s", self.dest.url, e)
                     self.error = e
                     return
                 self._detach(e)
+            if self.error is not None and self._retry_at is not None and time.monotonic() >= self._retry_at:
+                if self._probe() and self.on_ready is not None:
+                    self.on_ready()  # a rotation: the next log goes here whole
+                last_renew = time.monotonic()
+
+    def _renew(self) -> None:
+        assert self._lock is not None
+        try:
+            self._lock.renew()
+        except LockHeld:
+            # Another writer took the lease over: never write there again without taking
+            # it back first.
+            self._lock = None
+            raise
+
+    def _probe(self) -> bool:
+        """Try to take the secondary (back): its lock if not held, else one request.
+
+        True when it answered; otherwise it stays detached until the next attempt.
+        """
+        self._retry_at = None
+        try:
+            if self._closing:
+                return False
+            if self._lock is None:
+                self._take_lock()
+            elif self.dest.appendable:
+                self.dest.ensure()
+            else:
+                self._lock.renew()
+        except Exception as e:
+            if isinstance(e, LockHeld):
+                self._lock = None
+            self._failures += 1
+            self._schedule_retry(e)
+            if self.error is None or self._failures == 1:
+                log.warning("secondary %s is detached (retrying in %.1fs): %s", self.dest.url,
+                            self._retry_at - time.monotonic() if self._retry_at else 0.0, e)
+            self.error = e
+            return False
+        if self._closing:
+            self._release()
+            return False
+        if self.error is not None:
+            log.info("secondary %s answers again: it is re-attached with the next log", self.dest.url)
+        self.error = None
+        return True
+
+    def _schedule_retry(self, e: BaseException) -> None:
+        delay = min(RETRY_MAX, RETRY_FIRST * 2 ** (self._failures - 1))
+        cause = e.__cause__ if isinstance(e, WriterConflict) else e
+        expires = getattr(cause, "expires", None)
+        if isinstance(expires, float):
+            # Held by a lease (a crashed predecessor's, typically): try as it runs out at
+            # the latest.
+            delay = min(delay, max(expires - time.time(), 0.0) + 0.05)
+        self._retry_at = time.monotonic() + delay
 
     def _handle(self, event: tuple[Any, ...]) -> None:
-        kind = event[0]
+        number, kind = event[0], event[1]
+        dropped = number != self._expect
+        self._expect = number + 1
         if kind == "start":
-            _, seq, first, header_batch = event
+            _, _, seq, first, header_batch, feed = event
             if self._sw is not None:
-                self._sw.close()  # the primary seals the old log before starting a new one
+                # Its seal was dropped: what an unsealed writer let go of is not known.
+                self._sw.close()
                 self._sw = None
+                self._end = None
+            if not feed:
+                return  # detached when this log started: it is skipped here
             if self._lock is None:
-                self._take_lock()  # lost or never taken: a secondary is never written unlocked
-            if self.error is not None:
-                log.info("re-attaching secondary %s with log %d", self.dest.url, seq)
-                self.error = None
+                self._take_lock()  # lost since: a secondary is never written unlocked
+            if self._end != (seq - 1, first):
+                header_batch = self._after_gap(header_batch, first)
             started = segment_writer(self.dest, seq, self.segment_bytes)
             started.start(first, header_batch)
             self._sw = started
             self._next_lsn = first
+            self._end = (seq, first)
+            if self.error is not None:
+                log.info("re-attached secondary %s with log %d", self.dest.url, seq)
+                self.error = None
             return
         sw = self._sw
         if sw is None:
             return  # detached, or attached mid-log: wait for the next log to start
+        if dropped:
+            raise RuntimeError(f"events of log {sw.seq} were dropped while the secondary was busy")
         if kind == "batch":
-            _, data, first, end = event
+            _, _, data, first, end = event
             sw.append(data, first, end)
             if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
                 sw.flush()
             self._next_lsn = end
+            self._end = (sw.seq, end)
             self.batches += 1
             self.bytes += len(data)
         elif kind == "seal":
             self._seal()
         elif kind == "complete":
-            seq = event[1]
+            seq = event[2]
+            if seq != sw.seq:
+                return  # a log this secondary does not hold whole: CURRENT must not name it
             sw.sync()
             moved = move_pointer(self.dest, seq)
             self._known_complete.append(seq)
+            self._failures = 0
             with self._complete_event:
                 self.complete_seq = seq
                 self._complete_event.notify_all()
             if moved:  # as on the primary: old logs go only after the pointer moved
                 apply_retention(self.dest, self._known_complete, self.retain, seq)
+
+    def _after_gap(self, header_batch: bytes, first: int) -> bytes:
+        """The log header, saying that this log does not continue the one before it here."""
+        header = header_record(header_batch, 0)
+        assert header is not None, "the writer's first batch is its log header"
+        log.info("secondary %s: log %d follows a gap (the logs here end at %s)", self.dest.url,
+                 header["seq"], self._end)
+        return _encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us())
 
     def _seal(self) -> None:
         sw = self._sw
@@ -236,7 +371,12 @@ class Replica:
     def _detach(self, e: BaseException) -> None:
         self.error = e
         self.detaches += 1
-        log.warning("secondary %s detached until the next rotation: %s", self.dest.url, e)
+        self._failures += 1
+        self._end = None  # what the failed write left there is unknown
+        self._feed = False  # events of this log are no use here: spare the queue
+        self._schedule_retry(e)
+        log.warning("secondary %s detached (retrying in %.1fs): %s", self.dest.url,
+                    (self._retry_at or 0.0) - time.monotonic(), e)
         if self._sw is not None:
             try:
                 self._sw.close()

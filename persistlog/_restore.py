@@ -22,7 +22,7 @@ from ._codec import Codec
 from ._decoder import Damage
 from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
 from ._format import segment_name
-from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, list_logs, read_pointer
+from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, declares_gap, list_logs, read_pointer
 
 log = logging.getLogger("persistlog")
 
@@ -33,7 +33,16 @@ class RestoreResult:
 
     ``found`` is False when the destination held no log. ``complete`` is True when the
     replay started at a log whose enumeration completed (the normal case). ``next_lsn`` is
-    the LSN the next record will take; ``last_lsn`` the last one replayed (0 if none).
+    the LSN the next record will take; ``last_lsn`` the last one replayed (0 if none) and
+    ``last_commit_us`` the commit time of the last batch of records replayed (µs since
+    the Unix epoch; None if none): together they say how far the destination's state
+    reaches, so restoring a secondary tells what a failover to it would lose against the
+    primary's ``last_lsn``.
+
+    ``after_gap`` lists logs that were not replayed because they follow a gap the writer
+    left at this destination (a secondary that was detached, or behind when its writer
+    crashed) and none of them is complete yet: the state is the one before the gap, and
+    the first of these logs to complete becomes the restore point.
     """
 
     destination: str
@@ -46,6 +55,7 @@ class RestoreResult:
     torn_tails: list[TornTail] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     last_commit_us: int | None = None
+    after_gap: list[int] = field(default_factory=list)
 
     @property
     def torn_tail(self) -> TornTail | None:
@@ -61,6 +71,8 @@ class ReplayPlan:
     start: int | None
     complete: bool
     pointer: int | None
+    #: Logs the scan left unread because they follow a declared gap (set by scan_from).
+    after_gap: list[int] = field(default_factory=list)
 
 
 def plan(dest: Destination) -> ReplayPlan:
@@ -81,26 +93,47 @@ def plan(dest: Destination) -> ReplayPlan:
     if pointer is not None:
         log.warning("%s/CURRENT names log %d, which is gone or stale; searching the logs", dest.url, pointer)
     for seq in reversed(seqs[run:]):
-        scanner = LogScanner(dest, seq, logs[seq])
-        for _batch in scanner:
-            if scanner.state.complete:
-                return ReplayPlan(logs, seq, True, pointer)
+        if _is_complete(dest, seq, logs[seq]):
+            return ReplayPlan(logs, seq, True, pointer)
     if pointer is not None and pointer in logs:
-        return ReplayPlan(logs, pointer, True, pointer)  # the gap after it is reported
+        return ReplayPlan(logs, pointer, True, pointer)  # a gap after it ends the replay or is reported
+    # Older runs: a gap the writer declared ends the replay there; any other is reported.
+    for seq in reversed(seqs[:run]):
+        try:
+            if _is_complete(dest, seq, logs[seq]):
+                return ReplayPlan(logs, seq, True, pointer)
+        except CorruptLogError as e:
+            log.warning("%s: cannot tell whether log %d is complete: %s", dest.url, seq, e)
+            break
     oldest = min(logs)
     log.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
     return ReplayPlan(logs, oldest, False, pointer)
 
 
+def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> bool:
+    scanner = LogScanner(dest, seq, segments)
+    return any(scanner.state.complete for _batch in scanner)
+
+
 def scan_from(
     dest: Destination, p: ReplayPlan, *, recovery: str = "strict", tail_ok: bool = False
 ) -> Iterator[tuple[LogScanner, Batch]]:
-    """Every batch from the plan's start log onward, with the seq and LSN chain checked."""
+    """Every batch from the plan's start log onward, with the seq and LSN chain checked.
+
+    A log whose header declares a gap before it ends the scan there (``p.after_gap``)."""
     assert p.start is not None
     seqs = [s for s in sorted(p.logs) if s >= p.start]
     expect: int | None = None
     for i, seq in enumerate(seqs):
+        if not i and not p.complete and declares_gap(dest, p.logs[seq]):
+            # No complete log, and the oldest one continues nothing held here: none of it
+            # is a prefix of the history, so the valid state is the empty one.
+            _stop_at_gap(dest, p, seqs)
+            return
         if i and seq != seqs[i - 1] + 1:
+            if declares_gap(dest, p.logs[seq]):
+                _stop_at_gap(dest, p, seqs[i:])
+                return
             raise CorruptLogError(
                 f"log {seqs[i - 1] + 1} is missing between logs {seqs[i - 1]} and {seq}",
                 destination=dest.url,
@@ -113,6 +146,9 @@ def scan_from(
         for batch in scanner:
             yield scanner, batch
         st = scanner.state
+        if st.after_gap:
+            _stop_at_gap(dest, p, seqs[i:])
+            return
         if i == 0 and p.complete and not st.complete:
             raise CorruptLogError(
                 "CURRENT names this log but it has no snapshot-complete marker",
@@ -123,6 +159,14 @@ def scan_from(
             raise CorruptLogError("log has no header record", destination=dest.url, log=seq,
                                   segment=p.logs[seq][0][1], offset=0)
         expect = st.next_lsn
+
+
+def _stop_at_gap(dest: Destination, p: ReplayPlan, rest: list[int]) -> None:
+    p.after_gap = rest
+    log.warning(
+        "%s: log %d follows a gap its writer left here and no log from it on is complete yet: "
+        "replaying up to the gap, not log(s) %s", dest.url, rest[0], rest,
+    )
 
 
 def changed_under(dest: Destination, p: ReplayPlan) -> bool:
@@ -248,6 +292,7 @@ def restore_from(
                 "writer); restore again"
             ) from e
         raise
+    result.after_gap = list(p.after_gap)
     for st in states:
         if st.torn is not None:
             result.torn_tails.append(st.torn)

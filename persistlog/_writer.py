@@ -276,7 +276,15 @@ class LogCore:
         return lsn
 
     def _buffer(self, record: Any, snapshot: bool) -> tuple[int, int]:
-        """Encode one record into the batch buffer; returns (its LSN, buffered bytes).
+        """Encode one record into the batch buffer; returns (its LSN, buffered bytes)."""
+        staged = self._stage(record, snapshot)
+        if isinstance(staged, bytes):
+            return self._append_encoded([staged], snapshot)
+        return staged
+
+    def _stage(self, record: Any, snapshot: bool) -> tuple[int, int] | bytes:
+        """Encode one record into the batch buffer, touching no storage: (its LSN, buffered
+        bytes), or the record's bytes when they must go through ``_append_encoded``.
 
         The hot path: one encode inside a short critical section.
         """
@@ -301,9 +309,8 @@ class LogCore:
                 return lsn, end
             # A big record, or a buffer grown past a record's limit: check the size and
             # cut batches on the slow path (the limit is below a batch's).
-            self._blocked = True
-            data = self._take_back(pos, end)
-        return self._append_encoded([data], snapshot)
+            self._blocked = True  # cut by the next append if interrupted from here
+            return self._take_back(pos, end)
 
     def _rewind(self, pos: int) -> None:
         """Drop a partly encoded record (or call) so nothing of it is ever written."""
@@ -361,6 +368,22 @@ class LogCore:
         than one batch holds, none is appended. None for no records."""
         if sync is not False and sync is not True:
             raise _not_bool(sync)
+        items, body = self._encode_many(records)
+        if not items:
+            return None
+        staged = self._stage_many(len(items), body)
+        if staged is None:
+            # Too big for the buffer as it stands: check each record's size, and write what
+            # is buffered first if the call does not fit beside it.
+            staged = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
+        lsn, end = staged
+        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+            self._commit(lsn, durable=sync or self._sync_each)
+        return lsn
+
+    def _encode_many(self, records: Iterable[Any]) -> tuple[list[Any], memoryview]:
+        """The records of an ``update_many()`` as a list, and their encoded bytes one after
+        another; raises before anything is appended."""
         if isinstance(records, (str, bytes, bytearray, memoryview, Mapping)):
             # Each would iterate into characters, ints or keys: never what was meant.
             raise TypeError(
@@ -373,43 +396,38 @@ class LogCore:
             raise TypeError(
                 f"update_many() takes an iterable of records, not a {type(records).__name__}"
             ) from None
-        n = len(items)
-        if not n:
-            return None
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
         try:
             encoded = self._encode(items)
         except Exception as e:
             raise encode_error(e) from None
-        body = memoryview(encoded)[_array_header_len(n):]
+        body = memoryview(encoded)[_array_header_len(len(items)):]
         if len(body) > _BATCH_FILL:
             # One batch is what a crash keeps or drops whole: a bigger call could be torn.
             raise ValueError(
                 f"update_many() of {len(body)} bytes exceeds the {_BATCH_FILL} bytes one batch "
                 "holds; split it into smaller calls"
             )
+        return items, body
+
+    def _stage_many(self, n: int, body: memoryview) -> tuple[int, int] | None:
+        """Append ``n`` encoded records to the batch buffer, touching no storage: (the last
+        LSN, buffered bytes), or None when they do not fit beside what is buffered."""
         with self._lock:
             if self._blocked:
                 self._unblock()
             end = self._pos + len(body)
-            fits = len(body) <= _MAX_RECORD and end <= _BATCH_FILL
-            if fits:
+            if len(body) > _MAX_RECORD or end > _BATCH_FILL:
+                return None
+            self._blocked = True
+            self._fp.write(body)
+            self._pos = end
+            self._next_lsn += n
+            self._blocked = False
+            if self._failed is not None or self._closed:
                 self._blocked = True
-                self._fp.write(body)
-                self._pos = end
-                self._next_lsn += n
-                lsn = self._next_lsn - 1
-                self._blocked = False
-                if self._failed is not None or self._closed:
-                    self._blocked = True
-        if not fits:
-            # Too big for the buffer as it stands: check each record's size, and write what
-            # is buffered first if the call does not fit beside it.
-            lsn, end = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
-        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
-            self._commit(lsn, durable=sync or self._sync_each)
-        return lsn
+            return self._next_lsn - 1, end
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""

@@ -35,7 +35,7 @@ from persistlog._decoder import (
     parse_segment_header,
 )
 from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
-from persistlog._reader import SegmentBytes, list_logs
+from persistlog._reader import SegmentBytes, declares_gap, list_logs
 from persistlog._restore import plan as restore_plan
 
 from ._options import MIN_SPLIT_BYTES, ReadOptions
@@ -267,8 +267,12 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
         assert rp.start is not None
         seqs = [s for s in seqs if s >= rp.start]
         expect_complete = rp.complete
+    # Logs whose writer declared that they do not continue the log before them (on a
+    # secondary that was detached or behind): no replay reaches across one.
+    with _pool(len(seqs)) as pool:
+        gaps = {seq for seq, d in zip(seqs, pool.map(lambda s: declares_gap(dest, listing[s]), seqs)) if d}
     for a, b in zip(seqs, seqs[1:]):
-        if b != a + 1:
+        if b != a + 1 and b not in gaps:
             raise CorruptLogError(
                 f"log {a + 1} is missing between logs {a} and {b}", destination=dest.url, log=a + 1
             )
@@ -291,6 +295,15 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
     target = split_bytes(sum(sum(lg.sizes) for lg in kept), opts)
     with _pool(len(kept)) as pool:
         list(pool.map(lambda lg: _survey(dest, lg, target), kept))
+    last_gap = max(gaps & {lg.seq for lg in kept}, default=None)
+    if last_gap is not None and all(lg.complete_lsn is None for lg in kept if lg.seq >= last_gap):
+        # As restore does: nothing from the last gap on is complete yet, so none of it
+        # continues a state this read can build.
+        log.info("%s: log(s) from %d on follow a gap and none is complete yet: not read", dest.url, last_gap)
+        kept = [lg for lg in kept if lg.seq < last_gap]
+    for i, lg in enumerate(logs[1:]):
+        if lg.seq in gaps:
+            next_first[logs[i].seq] = None
     if expect_complete and kept and kept[0].seq == seqs[0] and kept[0].complete_lsn is None:
         if opts.recovery == "strict":
             raise CorruptLogError(
@@ -300,6 +313,8 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
     parts: list[LogPartition] = []
     prev_base: int | None = None
     for lg in kept:
+        if lg.seq in gaps:
+            prev_base = None
         from_start = opts.from_lsn is None or (lg.first_lsn is not None and opts.from_lsn <= lg.first_lsn)
         base_from: int | None = None
         if from_start and lg.first_lsn is not None:

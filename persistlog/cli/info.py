@@ -2,7 +2,8 @@
 
 Every log with its seq, state, segments, bytes, records, LSN range and commit-time range;
 CURRENT; the writer lock or lease holder (read, never taken); the format version; where a
-restore would start. Reads every batch header and checksum, but decodes no app record
+restore would start and how far it reaches (its last LSN and commit time: on a secondary,
+what a failover to it keeps). Reads every batch header and checksum, but decodes no app record
 (``verify`` does that). Exit status 0 whatever it finds; damage is summarised at the end.
 """
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def report_json(report: DestinationReport) -> dict[str, Any]:
     out = report.to_dict()
+    out["restore_last_commit_time"] = iso_time(out["restore_last_commit_us"])
     for lg in out["logs"]:
         lg["first_commit_time"] = iso_time(lg["first_commit_us"])
         lg["last_commit_time"] = iso_time(lg["last_commit_us"])
@@ -92,6 +94,18 @@ def current_text(report: DestinationReport) -> str:
     return f"names log {report.current}, which is not complete (restore fails: run persistlog repair)"
 
 
+def reach_text(report: DestinationReport) -> str:
+    """How far a restore from here gets: what a failover to this destination keeps."""
+    if report.restore_last_lsn is None:
+        text = "no record"
+    else:
+        text = f"LSN {report.restore_last_lsn}, committed {fmt_time(report.restore_last_commit_us)}"
+    if report.restore_skips:
+        text += (f"; log(s) {', '.join(map(str, report.restore_skips))} follow a gap its writer left and "
+                 "are not restored until one of them is complete")
+    return text
+
+
 def lsn_range(first: int | None, last: int | None) -> str:
     if first is None:
         return "-"
@@ -116,6 +130,7 @@ def print_report(report: DestinationReport) -> None:
     if report.restore_from is not None:
         how = "a complete log" if report.restore_complete else "NO complete log: replays every log from the oldest"
         print(f"restore      starts at log {report.restore_from} ({how})")
+        print(f"reaches      {reach_text(report)}")
     print()
     rows = [("LOG", "STATE", "SEGS", "BYTES", "RECORDS", "LSN", "FIRST COMMIT", "LAST COMMIT")]
     for lg in report.logs:

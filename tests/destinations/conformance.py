@@ -386,6 +386,26 @@ class LeaseConformance:
         lease.release()
         assert "LEASE" not in dest.list()
 
+    def test_own_lease_is_taken_back_and_a_held_one_says_when_it_ends(self, make_dest: MakeDest) -> None:
+        """A writer whose renewal landed but whose answer was lost finds the lease under
+        its own (unique) owner name and takes it back at once; another writer is refused
+        and told when the lease runs out."""
+        dest = make_dest()
+        dest.ensure()
+        lost = dest.lock("writer-1", ttl=30)
+        started = time.time()
+        again = make_dest().lock("writer-1", ttl=30)
+        try:
+            with pytest.raises(LockHeld) as info:
+                make_dest().lock("writer-2", ttl=30)
+            assert info.value.expires is not None and started + 25 < info.value.expires < time.time() + 31
+            with pytest.raises(LockHeld):
+                lost.renew()  # the version it knew is gone
+            again.renew()
+        finally:
+            again.release()
+        make_dest().lock("writer-2").release()
+
     def test_idle_poll_costs_one_list(self, make_dest: MakeDest) -> None:
         dest = make_dest()
         dest.ensure()

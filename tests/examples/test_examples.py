@@ -15,17 +15,22 @@ from typing import Any
 import persistlog
 import pytest
 from conftest import EXAMPLES
+from threads import wait_until
 
 
 # -- kvstore.py ---------------------------------------------------------------------------
 
 
-class KVService:
-    """examples/kvstore.py as a running child process."""
+class ExampleService:
+    """An example service as a running child process on a free port: the line it printed
+    once restored, and the match of ``listening`` in the next one."""
 
-    def __init__(self, url: str) -> None:
+    script = ""
+    listening = ""
+
+    def __init__(self, url: str, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(EXAMPLES / "kvstore.py"), url, "--port", "0"],
+            [sys.executable, str(EXAMPLES / self.script), url, "--port", "0", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -33,9 +38,20 @@ class KVService:
         assert self.proc.stdout is not None
         self.restored = self.proc.stdout.readline()
         line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://\S+)", line)
+        m = re.search(self.listening, line)
         assert m, (self.restored, line, self.proc.stderr.read() if self.proc.stderr else "")
-        self.base = m.group(1)
+        self.address = m
+
+
+class KVService(ExampleService):
+    """examples/kvstore.py as a running child process."""
+
+    script = "kvstore.py"
+    listening = r"listening on (http://\S+)"
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.base = self.address.group(1)
 
     def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -174,6 +190,96 @@ def test_demo_proves_its_claims_with_small_sizes(tmp_path: Path, run_example: An
     ):
         assert claim in out
     assert "this demo proved" in out
+
+
+# -- async_kv.py --------------------------------------------------------------------------
+
+
+class AsyncKVService(ExampleService):
+    """examples/async_kv.py as a running child process, spoken to over TCP."""
+
+    script = "async_kv.py"
+    listening = r"listening on ([\d.]+):(\d+)"
+
+    def __init__(self, url: str, *args: str) -> None:
+        super().__init__(url, *args)
+        self.host, self.port = self.address.group(1), int(self.address.group(2))
+
+    async def session(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One connection sending ``requests`` in turn; the answers."""
+        import asyncio
+
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        answers = []
+        for request in requests:
+            writer.write(json.dumps(request).encode() + b"\n")
+            await writer.drain()
+            answers.append(json.loads(await reader.readline()))
+        writer.close()
+        await writer.wait_closed()
+        return answers
+
+    def ask(self, *requests: dict[str, Any]) -> list[dict[str, Any]]:
+        import asyncio
+
+        return asyncio.run(self.session(list(requests)))
+
+    def stop(self, sig: int) -> str:
+        self.proc.send_signal(sig)
+        out, _ = self.proc.communicate(timeout=30)
+        return out
+
+
+def test_async_kv_answers_many_connections_and_survives_kill_9(tmp_path: Path) -> None:
+    import asyncio
+
+    url = str(tmp_path / "akv")
+    svc = AsyncKVService(url, "--rotate-records", "100")
+    try:
+        assert "restored 0 keys" in svc.restored
+
+        async def clients() -> list[list[dict[str, Any]]]:
+            return await asyncio.gather(*(
+                svc.session([{"op": "put", "key": f"c{c}:{i % 4}", "value": {"c": c, "i": i}} for i in range(12)])
+                for c in range(40)
+            ))
+
+        answers = asyncio.run(clients())
+        assert all(a["ok"] and isinstance(a["lsn"], int) for session in answers for a in session)
+        got = svc.ask(
+            {"op": "del", "key": "c0:0"},
+            {"op": "get", "key": "c1:3"},
+            {"op": "get", "key": "c0:0"},
+            {"op": "put", "key": "bad", "value": {"x": 1}, "extra": "ignored"},
+            {"op": "frobnicate"},
+        )
+        assert got[0]["ok"] and got[1] == {"ok": True, "value": {"c": 1, "i": 11}}
+        assert got[2] == {"ok": False, "error": "no such key"}
+        assert got[3]["ok"] and not got[4]["ok"]
+        # The 480 changes crossed the 100-record trigger: it rotated (or is rotating) while serving.
+        stats = wait_until(lambda: (s := svc.ask({"op": "stats"})[0]["stats"])["rotations"] >= 2 and s)
+        assert stats["durability"] == "fsync"
+    finally:
+        svc.stop(signal.SIGKILL)  # every "ok" above was durable before it was sent
+    expected = {f"c{c}:{k}": {"c": c, "i": 8 + k} for c in range(40) for k in range(4)}
+    del expected["c0:0"]
+    expected["bad"] = {"x": 1}
+
+    svc = AsyncKVService(url)
+    try:
+        assert f"restored {len(expected)} keys" in svc.restored
+        keys = svc.ask({"op": "keys"})[0]["keys"]
+        assert keys == sorted(expected)
+        values = svc.ask(*({"op": "get", "key": k} for k in keys))
+        assert {k: v["value"] for k, v in zip(keys, values)} == expected
+    finally:
+        out = svc.stop(signal.SIGTERM)
+    assert svc.proc.returncode == 0 and f"closed cleanly with {len(expected)} keys" in out
+    state: dict[str, Any] = {}
+    persistlog.restore(
+        url, lambda r: state.__setitem__(r["key"], r["value"]) if r["op"] == "put" else state.pop(r["key"], None)
+    )
+    assert state == expected
 
 
 # -- live_table.py ------------------------------------------------------------------------

@@ -66,14 +66,7 @@ def main() -> None:
                 time.sleep(0.004)
         out("E-")
 
-    options = dict(
-        durability="fsync",
-        rotate_records=rng.choice([5, 12, 30]),
-        rotate_bytes=rng.choice([None, 3000, 9000]),
-        segment_bytes=4096,
-        retain=rng.choice([1, 2, 3]),
-        compression=rng.choice([None, "gzip"]),
-    )
+    options = log_options(rng)
 
     def open_log() -> persistlog.Log:
         # Every open restores first (the state is what the log holds), then starts a log.
@@ -138,6 +131,18 @@ def main() -> None:
                 gate.notify_all()
         elif roll < 0.3:
             lg.rotate(wait=rng.random() < 0.5)
+
+
+def log_options(rng: random.Random) -> dict[str, Any]:
+    """fsync durability and small, random rotation triggers and segments."""
+    return dict(
+        durability="fsync",
+        rotate_records=rng.choice([5, 12, 30]),
+        rotate_bytes=rng.choice([None, 3000, 9000]),
+        segment_bytes=4096,
+        retain=rng.choice([1, 2, 3]),
+        compression=rng.choice([None, "gzip"]),
+    )
 
 
 def guard(fn: Any) -> Any:

@@ -26,7 +26,9 @@ import pytest
 from plhelpers import restore_state
 
 CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
+ASYNC_CHILD = os.path.join(os.path.dirname(__file__), "crash_child_async.py")
 ROUNDS = 60
+ASYNC_ROUNDS = 30
 MODES = ["start", "acks", "acks", "enum", "close"]
 
 
@@ -39,10 +41,10 @@ class Round:
         return sum(1 for line in self.lines if line.startswith(prefix))
 
 
-def run_child(url: str, seed: int, threads: int, mode: str, rng: random.Random) -> Round:
+def run_child(url: str, seed: int, threads: int, mode: str, rng: random.Random, child: str = CHILD) -> Round:
     rnd = Round()
     proc = subprocess.Popen(
-        [sys.executable, CHILD, url, str(seed), str(threads), mode],
+        [sys.executable, child, url, str(seed), str(threads), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(CHILD))),
@@ -140,16 +142,18 @@ def check_round(base: dict[str, Any], rnd: Round, state: dict[str, Any], last_ls
         )
 
 
-def test_sigkill_at_random_moments(tmp_path: Any) -> None:
-    url = str(tmp_path / "log")
-    rng = random.Random(os.environ.get("PERSISTLOG_CRASH_SEED", "persistlog"))
+def kill_rounds(url: str, rounds: int, workers: tuple[int, int], child: str = CHILD) -> dict[str, int]:
+    """``rounds`` children (``workers`` threads or tasks each) killed at random moments,
+    each round checked against what its child reported."""
+    seed = os.environ.get("PERSISTLOG_CRASH_SEED", "persistlog")
+    rng = random.Random(seed if child == CHILD else f"{seed} {os.path.basename(child)}")
     state: dict[str, Any] = {}
     stats = {"mid_enumeration": 0, "mid_close": 0, "acked": 0, "torn": 0, "opened": 0}
     started = time.monotonic()
-    for i in range(ROUNDS):
+    for i in range(rounds):
         mode = MODES[i % len(MODES)]
-        threads = rng.randrange(2, 5)
-        rnd = run_child(url, rng.randrange(1 << 30), threads, mode, rng)
+        threads = rng.randrange(*workers)
+        rnd = run_child(url, rng.randrange(1 << 30), threads, mode, rng, child)
         restored, result = restore_state(url)
         if any(line.startswith("O ") for line in rnd.lines):
             stats["opened"] += 1
@@ -164,12 +168,27 @@ def test_sigkill_at_random_moments(tmp_path: Any) -> None:
             stats["mid_close"] += 1
         state = restored
     elapsed = time.monotonic() - started
-    print(f"{ROUNDS} kills in {elapsed:.1f}s: {stats}")
+    print(f"{rounds} kills of {os.path.basename(child)} in {elapsed:.1f}s: {stats}")
+    return stats
+
+
+def test_sigkill_at_random_moments(tmp_path: Any) -> None:
+    stats = kill_rounds(str(tmp_path / "log"), ROUNDS, (2, 5))
     # The kills landed where they were aimed often enough to mean something.
     assert stats["opened"] >= ROUNDS // 2
     assert stats["acked"] >= 500
     assert stats["mid_enumeration"] >= 3, stats  # typically about 20
     assert stats["mid_close"] >= 1, stats  # typically 4 to 9
+
+
+def test_sigkill_asyncio_app_at_random_moments(tmp_path: Any) -> None:
+    """The same kills and checks for an asyncio app (``crash_child_async.py``): tasks on
+    one loop awaiting ``AsyncLog.update`` in fsync mode, sharing each fsync."""
+    stats = kill_rounds(str(tmp_path / "log"), ASYNC_ROUNDS, (4, 10), ASYNC_CHILD)
+    assert stats["opened"] >= ASYNC_ROUNDS // 2
+    assert stats["acked"] >= 250
+    assert stats["mid_enumeration"] >= 2, stats
+    assert stats["mid_close"] >= 1, stats
 
 
 @pytest.mark.parametrize("where", ["first enumeration", "rotation enumeration"])

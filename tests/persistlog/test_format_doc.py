@@ -116,3 +116,4 @@ def test_control_record_names() -> None:
     records = section("Records")
     for name in (F.CONTROL_HEADER, F.CONTROL_COMPLETE, F.CONTROL_SEAL):
         assert f"| `{name}`" in records
+    assert f"`{F.HEADER_AFTER_GAP}: true`" in records

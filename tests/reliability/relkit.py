@@ -157,6 +157,7 @@ class Config:
     durability: str = "fsync"  # "fsync", or "buffered" with explicit syncs
     remote: bool = False  # primary on memory:// (object-store PUTs) instead of a local dir
     secondary: bool = False  # a local secondary destination as well
+    remote_secondary: bool = False  # ... on memory:// (object-store PUTs and a lease)
     compression: str | None = None
     rounds: int = 2  # writer sessions (close + reopen between them)
     updates: int = 14  # updates per phase (three phases per session)
@@ -178,6 +179,7 @@ CONFIGS = {
     "local-buffered": Config("local-buffered", durability="buffered"),
     "local-gzip-secondary": Config("local-gzip-secondary", secondary=True, compression="gzip", updates=10),
     "memory-fsync": Config("memory-fsync", remote=True, updates=10),
+    "local-memory-secondary": Config("local-memory-secondary", secondary=True, remote_secondary=True, updates=8),
 }
 
 
@@ -191,10 +193,25 @@ class Site:
         self.primary = os.path.join(root, "primary")
         self.secondary = os.path.join(root, "secondary")
         self.memory = f"memory://crashsim-{uuid.uuid4().hex[:12]}/log"
+        self.secondary_memory = f"memory://crashsim-{uuid.uuid4().hex[:12]}/secondary"
 
     @property
     def plain_primary(self) -> str:
         return self.memory if self.config.remote else self.primary
+
+    @property
+    def plain_secondary(self) -> str | None:
+        if not self.config.secondary:
+            return None
+        return self.secondary_memory if self.config.remote_secondary else self.secondary
+
+    def secondary_exists(self) -> bool:
+        url = self.plain_secondary
+        if url is None:
+            return False
+        from destinations import open_destination
+
+        return open_destination(url).exists()
 
     def urls(self, sim: CrashSim) -> tuple[str, dict[str, Any], list[tuple[str, dict[str, Any]]]]:
         if self.config.remote:
@@ -202,24 +219,29 @@ class Site:
         else:
             url, opts = sim.local(self.primary, label="primary")
         secondaries = []
-        if self.config.secondary:
+        if self.config.remote_secondary:
+            secondaries.append(sim.remote(self.secondary_memory, label="secondary"))
+        elif self.config.secondary:
             secondaries.append(sim.local(self.secondary, label="secondary"))
         return url, opts, secondaries
 
     def after_crash(self) -> None:
         """What the world does to a dead writer: a local flock dies with it; an object-store
         lease expires (here: at once, by deleting it; the soak waits for real expiry)."""
-        if self.config.remote:
-            from destinations import open_destination
+        from destinations import open_destination
 
-            open_destination(self.memory).delete("LEASE")
+        for url, remote in ((self.memory, self.config.remote), (self.secondary_memory, self.config.remote_secondary)):
+            if remote:
+                open_destination(url).delete("LEASE")
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-        if self.config.remote:
-            from fsspec.implementations.memory import MemoryFileSystem
+        from fsspec.implementations.memory import MemoryFileSystem
 
-            prefix = self.memory.split("://", 1)[1]
+        for url, remote in ((self.memory, self.config.remote), (self.secondary_memory, self.config.remote_secondary)):
+            if not remote:
+                continue
+            prefix = url.split("://", 1)[1]
             for key in [k for k in MemoryFileSystem.store if k.lstrip("/").startswith(prefix)]:
                 MemoryFileSystem.store.pop(key, None)
             MemoryFileSystem.pseudo_dirs[:] = [
@@ -412,30 +434,68 @@ def _check_site(config: Config, site: Site, model: Model, out: CrashOutcome) -> 
         return problem
     ks = model.matching_prefixes(state)
     out.restored_prefix = max(ks)
-    if config.secondary and os.path.isdir(site.secondary):
+    secondary = site.plain_secondary if site.secondary_exists() else None
+    if secondary is not None:
         try:
-            sstate, _ = restore_state(site.secondary)
+            sstate, _ = restore_state(secondary)
         except persistlog.PersistLogError as e:
             return f"restore of the secondary raised {type(e).__name__}: {e}"
         problem = check_prefix(model, sstate, need_acked=False)
         if problem:
             return "secondary: " + problem
-    # A new writer continues from what survived.
+    if secondary is not None:
+        problem = _restart_dying_in_enumeration(site, secondary, model, state)
+        if problem:
+            return problem
+    # A new writer continues from what survived, on the same secondary.
+    state, _ = restore_state(site.plain_primary)
     app = App(state)
     try:
-        lg = app.open(site.plain_primary, durability="fsync", segment_bytes=4096, retain=1)
+        lg = app.open(site.plain_primary, durability="fsync", segment_bytes=4096, retain=1,
+                      secondaries=[secondary] if secondary is not None else None)
         lg.update({"op": "put", "key": "after-crash", "value": -1})
         lg.close()
     except persistlog.PersistLogError as e:
         return f"reopening after the crash raised {type(e).__name__}: {e}"
-    try:
-        again, _ = restore_state(site.plain_primary)
-    except persistlog.PersistLogError as e:
-        return f"restore after the reopen raised {type(e).__name__}: {e}"
     expected = dict(state)
     expected["after-crash"] = -1
-    if again != expected:
-        return f"after reopen + 1 update the restore differs: {_short(again)} != {_short(expected)}"
+    for where, url in (("", site.plain_primary), (" of the secondary", secondary)):
+        if url is None:
+            continue
+        try:
+            again, _ = restore_state(url)
+        except persistlog.PersistLogError as e:
+            return f"restore{where} after the reopen raised {type(e).__name__}: {e}"
+        if again != expected:
+            # A clean close leaves the secondary with exactly the primary's state.
+            return f"after reopen + 1 update the restore{where} differs: {_short(again)} != {_short(expected)}"
+    return None
+
+
+def _restart_dying_in_enumeration(site: Site, secondary: str, model: Model, state: dict[Any, Any]) -> str | None:
+    """A restarted writer whose first enumeration fails (as if it died there) leaves a new,
+    incomplete log on the secondary, which may not continue what the crash left there:
+    restoring the secondary must still give a prefix, and the primary what it held."""
+    app = App(state)
+
+    def dies(emit: Callable[[Any], None]) -> None:
+        app.enumerate_all(emit)
+        raise RuntimeError("the restarted writer died in its first enumeration")
+
+    try:
+        persistlog.open(site.plain_primary, dies, durability="fsync", segment_bytes=4096, retain=1,
+                        secondaries=[secondary])
+        return "the failing enumeration did not fail open()"
+    except persistlog.EnumerateError:
+        pass
+    for where, url in (("", site.plain_primary), (" of the secondary", secondary)):
+        try:
+            got, _ = restore_state(url)
+        except persistlog.PersistLogError as e:
+            return f"restore{where} after a restart that died raised {type(e).__name__}: {e}"
+        problem = check_prefix(model, got, need_acked=not where)
+        if problem:
+            return f"after a restart that died{where}: {problem}"
     return None
 
 

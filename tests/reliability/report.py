@@ -104,7 +104,9 @@ def table(matrix: list[relkit.MatrixFigures], soak: dict, fuzz: relfuzz.FuzzFigu
         f"| updates acknowledged | {soak.get('updates_acknowledged')} |",
         f"| **updates lost** | **{soak.get('updates_lost')}** |",
         f"| restores checked (primary / secondary) | {soak.get('restores_checked')} / {soak.get('secondary_restores_checked')} |",
-        f"| secondary restores refused (CorruptLogError, finding 6) | {soak.get('secondary_restore_errors')} |",
+        f"| **secondary restores failed** | **{soak.get('secondary_restore_errors')}** |",
+        f"| secondary behind its primary at a kill, records (LSNs): p50 / p99 / max | {lag_text(soak, 'records')} |",
+        f"| ... writer-thread steps: p50 / p99 / max | {lag_text(soak, 'steps')} |",
         f"| check failures / child errors | {soak.get('check_failures')} / {soak.get('child_errors')} |",
         f"| seconds | {soak.get('seconds')} |",
         "",
@@ -119,6 +121,13 @@ def table(matrix: list[relkit.MatrixFigures], soak: dict, fuzz: relfuzz.FuzzFigu
         f"| mutation kinds | {', '.join(f'{k} {v}' for k, v in sorted(fuzz.kinds.items()))} |",
     ]
     return "\n".join(rows)
+
+
+def lag_text(soak: dict, unit: str) -> str:
+    lag = soak.get("secondary_lag", {}).get(unit, {})
+    if not lag.get("n"):
+        return "-"
+    return f"{lag['p50']} / {lag['p99']} / {lag['max']} (none behind: {lag['zero']} of {lag['n']})"
 
 
 def rewrite_doc(text: str) -> None:

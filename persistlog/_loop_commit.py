@@ -1,0 +1,197 @@
+"""Group commit for an event loop: tasks waiting for their records share each write and sync.
+
+In an event loop a waiter is a future, and waking it is a callback on the loop: no thread
+is parked per waiter, so the group a sync serves is as large as the number of tasks
+waiting, and releasing it costs one wake-up of the loop whatever its size.
+
+One commit thread per :class:`~persistlog.AsyncLog` does the storage work. A task whose
+record must be written (``flush`` mode, a full batch) or made durable (``fsync`` mode,
+``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
+every registration made so far, writes what is buffered (and syncs it if any of them asked
+for durability) through the Log's own write path (``_commit``, under the Log's I/O lock, so
+it interleaves safely with the flush ticker, rotations and threads using the Log
+directly), then hands the whole group to the loop with one
+``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
+records, the thread is already writing and syncing the ones that arrived during its last
+sync: the loop's CPU and the disk's latency overlap. When syncs are slow (a millisecond or
+more: a busy disk, a PUT), the thread first waits a bounded while for the tasks it just
+released, as the threads' group commit does (``_group_commit``), so that the tasks do not
+split into two halves each paying a whole sync.
+
+A cancelled task's future is skipped when its group is resolved; its record was appended
+before the task waited, so it is written with its group all the same. Nothing a task does
+to its future reaches the shared write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from ._errors import LogClosedError, LogFailedError, PersistLogError
+from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
+from ._writer import LogCore
+
+if TYPE_CHECKING:
+    import asyncio
+
+log = logging.getLogger("persistlog")
+
+_Waiter = tuple[int, bool, "asyncio.Future[int]"]
+
+# Tasks woken in one pass of the loop. Every task woken appends its next record in that
+# pass (tens of microseconds each on a busy machine): a group of 256 woken at once would
+# hold the loop for the whole group's appends, several milliseconds, before a timer or a
+# connection due meanwhile gets its turn; a slice of 32 holds it for about one.
+_SLICE = 32
+
+
+class LoopCommit:
+    """Writes and syncs on behalf of the tasks of one event loop; see the module docstring.
+
+    :meth:`request` is called on the loop's thread; :meth:`stop` from any other thread.
+    """
+
+    def __init__(self, core: LogCore, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        # Reached weakly, as the Log's own threads reach it: a Log its app dropped unclosed
+        # can be collected (and sealed), and then this thread ends.
+        self._core = weakref.ref(core)
+        weakref.finalize(core, self._wake)
+        self._loop = loop
+        self._cv = threading.Condition(threading.Lock())
+        self._waiting: list[_Waiter] = []
+        self._idle = False  # the thread sleeps on _cv: a registration must wake it
+        self._want = 0  # the thread gathers: wake it once this many tasks wait
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
+        """A future resolved once the record at ``lsn`` is written (durable if asked), or
+        None if it already is."""
+        core = self._core()
+        assert core is not None  # the AsyncLog asking holds its Log
+        if (core._durable_lsn if durable else core._written_lsn) > lsn:
+            return None
+        fut: asyncio.Future[int] = self._loop.create_future()
+        with self._cv:
+            if not self._stopped:
+                self._waiting.append((lsn, durable, fut))
+                if self._idle or (self._want and len(self._waiting) >= self._want):
+                    self._cv.notify()
+                return fut
+        # Closed while this task appended: close() wrote and sealed every record it had
+        # accepted, so this one is covered, unless the log failed first.
+        self._resolve([(lsn, durable, fut)], None)
+        return fut
+
+    def stop(self) -> None:
+        """Serve what is registered, then end the thread (blocks: never on the loop)."""
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify()
+
+    def _run(self) -> None:
+        cv = self._cv
+        last_sync = 0.0  # seconds the last write (and sync) took
+        expect = 0  # tasks waiting for, or released by, the last write
+        while True:
+            with cv:
+                while not self._waiting:
+                    if self._stopped:
+                        return
+                    self._idle = True
+                    cv.wait()
+                    self._idle = False
+                if expect > len(self._waiting) and last_sync >= _GATHER_FROM and not self._stopped:
+                    self._gather(expect, min(last_sync / 2, _MAX_GATHER))
+                group = self._waiting
+                self._waiting = []
+            started = time.monotonic()
+            error: BaseException | None = None
+            top = max(w[0] for w in group)
+            core = self._core()
+            try:
+                if core is None:
+                    raise LogClosedError("the log was closed")
+                # Writes every record appended so far, theirs included, and syncs if any
+                # of them asked; it also holds them while a fired trigger switches logs.
+                core._commit(top, durable=any(w[1] for w in group))
+            except BaseException as e:  # the log is failed or closed: each waiter says which
+                error = e
+                log.debug("a write for the event loop failed: %s", e)
+            else:
+                group += self._covered(core)
+            del core  # not held while idle
+            last_sync = time.monotonic() - started
+            with cv:
+                expect = len(group) + len(self._waiting)
+            try:
+                self._loop.call_soon_threadsafe(self._resolve, group, error)
+            except RuntimeError:  # the loop was closed: no task is left to tell
+                pass
+
+    def _gather(self, expect: int, limit: float) -> None:
+        """Wait (holding ``_cv``) until ``expect`` tasks wait, for ``limit`` at most.
+
+        With slow syncs the tasks the last one released are back with their next records
+        well within a sync's time: waiting for them makes one sync of what would otherwise
+        be two halves of the tasks taking turns, each half paying a whole sync.
+        """
+        self._want = expect
+        try:
+            gather(self._cv, lambda: len(self._waiting) >= expect or self._stopped, limit)
+        finally:
+            self._want = 0
+
+    def _covered(self, core: LogCore) -> list[_Waiter]:
+        """Take the waiters registered since the group was taken whose records the write just
+        done covered anyway (appended before it took the buffer): this write answers them,
+        not the next."""
+        with self._cv:
+            durable, written = core._durable_lsn, core._written_lsn
+            covered = [w for w in self._waiting if (durable if w[1] else written) > w[0]]
+            if covered:
+                self._waiting = [w for w in self._waiting if (durable if w[1] else written) <= w[0]]
+        return covered
+
+    def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
+        """On the loop: tell every task of a group how its write went, a slice at a time."""
+        core = self._core()
+        end = start + _SLICE
+        if end < len(group):
+            # The rest after the tasks this slice wakes: a timer or a connection due
+            # meanwhile runs between two slices, not after the whole group.
+            self._loop.call_soon(self._resolve, group, error, end)
+        for lsn, durable, fut in group[start:end]:
+            if fut.done():  # its task was cancelled; the record was written all the same
+                continue
+            # Whether the record is covered, not whether this write raised: a close() that
+            # sealed the records made them durable even if this sync found the log closed,
+            # and their tasks must not be told they failed.
+            if core is not None and (core._durable_lsn if durable else core._written_lsn) > lsn:
+                fut.set_result(lsn)
+            else:
+                fut.set_exception(_failure(core, error))
+
+
+def _failure(core: LogCore | None, error: BaseException | None) -> PersistLogError:
+    """The exception a waiting task raises: the same types as the sync API's, a fresh
+    instance per task (one raised in many tasks would collect all their tracebacks)."""
+    if core is None:
+        return LogClosedError("the log was closed")
+    try:
+        core._check()
+    except PersistLogError as e:
+        return e
+    failed = LogFailedError(f"a write failed: {error}")
+    failed.__cause__ = error
+    return failed

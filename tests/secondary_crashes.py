@@ -1,0 +1,125 @@
+"""Crashes of a writer with a secondary, shared by the core and Spark tests.
+
+The app sets key ``k{n % 7}`` and ``last`` to ``n`` at step ``n``, so any state says which
+prefix of the updates it is the result of (:func:`is_prefix`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from crashsim import CrashSim, quiet_crash_threads
+from threads import wait_until
+
+import persistlog
+
+
+def apply(state: dict[str, Any], r: dict[str, Any]) -> None:
+    if r["op"] == "put":
+        state[r["key"]] = r["value"]
+    else:
+        state.pop(r["key"], None)
+
+
+class App:
+    """A dict of resources; every update is ``{"k": key, "v": n}`` with n its step."""
+
+    def __init__(self, state: dict[str, Any] | None = None) -> None:
+        self.state: dict[str, Any] = dict(state or {})
+        self.log: persistlog.Log | None = None
+
+    def enumerate_all(self, emit: Any) -> None:
+        for k, v in list(self.state.items()):
+            emit({"op": "put", "key": k, "value": v})
+
+    def put(self, key: str, value: Any) -> None:
+        assert self.log is not None
+        self.log.update({"op": "put", "key": key, "value": value})
+        self.state[key] = value
+
+
+def steps(app: App, first: int, count: int) -> None:
+    """Updates ``first .. first+count-1``: key ``n`` is set to ``n`` and ``last`` to ``n``."""
+    for n in range(first, first + count):
+        app.put(f"k{n % 7}", n)
+        app.put("last", n)
+
+
+def is_prefix(state: dict[str, Any]) -> int:
+    """The step ``state`` is the result of (failing the test if it is no such state)."""
+    n = state.get("last", 0)
+    expected: dict[str, Any] = {}
+    for i in range(1, n + 1):
+        expected[f"k{i % 7}"] = i
+        expected["last"] = i
+    assert state == expected, f"not the state after a prefix of the updates: {sorted(state.items())[:10]}"
+    return int(n)
+
+
+def restore(url: str, **options: Any) -> tuple[dict[str, Any], persistlog.RestoreResult]:
+    state: dict[str, Any] = {}
+    result = persistlog.restore(url, lambda r: apply(state, r), **options)
+    return state, result
+
+
+def write_point(kind: str) -> str:
+    return "before:append.write segment" if kind == "local" else "before:put segment"
+
+
+def secondary_site(kind: str, tmp_path: Path, sim: CrashSim) -> tuple[str, tuple[str, dict[str, Any]]]:
+    """``(plain url, (url, options) through the simulated machine)`` of the secondary."""
+    if kind == "local":
+        path = str(tmp_path / "secondary")
+        return path, sim.local(path, label="secondary")
+    url = f"memory://sec-{uuid.uuid4().hex[:10]}/log"
+    return url, sim.remote(url, label="secondary")
+
+
+def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_ttl: float) -> tuple[str, int]:
+    """A writer whose secondary stalls after step 20 dies at step 50: the secondary is 30
+    steps behind. Returns the secondary's plain URL and the last acknowledged step."""
+    primary = str(tmp_path / "primary")
+    sec_url, sec = secondary_site(kind, tmp_path, sim)
+    hold, release = threading.Event(), threading.Event()
+    sim.on(write_point(kind), lambda label, point: hold.is_set() and release.wait(10), times=1 << 30,
+           label="secondary")
+    app = App()
+    url, so = sim.local(primary)
+    app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
+                              durability="fsync", lease_ttl=lease_ttl, flush_interval=0.01)
+    steps(app, 1, 20)
+    wait_until(lambda: restore(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
+    hold.set()
+    steps(app, 21, 30)
+    time.sleep(0.05)
+    sim.crash()
+    release.set()
+    sim.abandon(app.log)
+    return sec_url, 50
+
+
+
+
+def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, acked: int) -> None:
+    """A new writer restores the primary and opens with the secondary; the machine dies
+    right after that writer's first segment reached the secondary."""
+    sim = CrashSim()
+    sim.crash_at("after:create segment" if kind == "local" else "after:put segment", label="secondary")
+    url, so = sim.local(str(tmp_path / "primary"))
+    state, _ = restore(url, storage_options=so)  # through the URL it then opens
+    assert is_prefix(state) == acked
+    app = App(state)
+    sec = sim.local(sec_url, label="secondary") if kind == "local" else sim.remote(sec_url, label="secondary")
+    with quiet_crash_threads():
+        try:
+            app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
+                                      durability="fsync", lease_ttl=0.4)
+            wait_until(lambda: sim.frozen, 10, "the crash on the secondary")
+        except BaseException:  # noqa: BLE001 - the simulated crash, however it surfaces
+            assert sim.frozen
+        if app.log is not None:
+            sim.abandon(app.log)
