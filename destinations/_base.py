@@ -121,6 +121,10 @@ class Destination(abc.ABC):
     def exists(self) -> bool:
         """Whether the directory exists at all."""
 
+    def describe_missing(self) -> str:
+        """Why :meth:`exists` is False, in a few words for an error message."""
+        return "the directory does not exist"
+
     @abc.abstractmethod
     def list(self, start_after: str | None = None) -> list[str]:
         """Names in the directory in lexical order, only those ``> start_after`` if given.

@@ -104,6 +104,19 @@ class LocalDestination(Destination):
     def exists(self) -> bool:
         return os.path.isdir(self.path)
 
+    def describe_missing(self) -> str:
+        path = self.path
+        while not os.path.lexists(path):
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+        if os.path.isdir(path):
+            return "the directory does not exist"
+        if path == self.path:
+            return "it is a file, not a directory"
+        return f"{path} is a file, not a directory"
+
     def list(self, start_after: str | None = None) -> list[str]:
         try:
             entries = list(os.scandir(self.path))

@@ -175,6 +175,15 @@ class ObjectStoreDestination(Destination):
 
         return self._request("HEAD", f"isdir {self.root}", isdir)
 
+    def describe_missing(self) -> str:
+        if self._s3:
+            try:
+                self._check_bucket()
+            except FileNotFoundError:
+                return f"the bucket {self._bucket!r} does not exist"
+            return f"no object in bucket {self._bucket!r} has the prefix {self._prefix!r}"
+        return super().describe_missing()
+
     def list(self, start_after: str | None = None) -> list[str]:
         """Names in lexical order; on S3 a missing bucket raises ``FileNotFoundError``."""
         names = self._list_s3(start_after) if self._s3 else self._list_fs()

@@ -697,6 +697,366 @@ done:
     return result;
 }
 
+/* ---- Nesting depth of a value about to be logged --------------------------------------
+ *
+ * cbor2's encoder recurses on the C stack once per container and has no guard: a list
+ * nested some thousands deep kills the interpreter (SIGSEGV). The writer measures a
+ * record first, here, without recursion: an explicit stack of levels, each holding a
+ * reference to its container so that a container changed meanwhile (by Python code run
+ * from a Mapping or Sequence method) is never read after being freed. It counts what
+ * cbor2 recurses into -- lists, tuples, dicts, sets, CBORTag values, and any other
+ * Mapping or Sequence -- and stops as soon as the limit is passed, so a cyclic value
+ * costs at most ``limit`` levels. Self-contained: nothing above is used.
+ */
+
+enum { DEPTH_SEQ, DEPTH_DICT, DEPTH_ITER };
+
+typedef struct {
+    PyObject *obj;   /* owned: a list or tuple, a dict, or an iterator */
+    PyObject *next;  /* owned: a dict value still to visit after its key, or NULL */
+    Py_ssize_t pos;
+    int kind;
+} DepthLevel;
+
+/* cbor2.CBORTag, collections.abc.Mapping and .Sequence, imported on first use. */
+static PyObject *depth_tag_type, *depth_mapping, *depth_sequence;
+
+static int
+depth_import_types(void)
+{
+    if (depth_sequence != NULL)
+        return 0;
+    PyObject *cbor2 = PyImport_ImportModule("cbor2");
+    if (cbor2 == NULL)
+        return -1;
+    PyObject *abc = PyImport_ImportModule("collections.abc");
+    if (abc == NULL) {
+        Py_DECREF(cbor2);
+        return -1;
+    }
+    PyObject *tag = PyObject_GetAttrString(cbor2, "CBORTag");
+    PyObject *mapping = PyObject_GetAttrString(abc, "Mapping");
+    PyObject *sequence = PyObject_GetAttrString(abc, "Sequence");
+    Py_DECREF(cbor2);
+    Py_DECREF(abc);
+    if (tag == NULL || mapping == NULL || sequence == NULL) {
+        Py_XDECREF(tag);
+        Py_XDECREF(mapping);
+        Py_XDECREF(sequence);
+        return -1;
+    }
+    depth_tag_type = tag;
+    depth_mapping = mapping;
+    depth_sequence = sequence;
+    return 0;
+}
+
+/* Values cbor2 writes without recursing; checked without running any Python code. */
+static inline int
+depth_is_scalar(PyObject *x)
+{
+    PyTypeObject *t = Py_TYPE(x);
+    return t == &PyUnicode_Type || t == &PyLong_Type || t == &PyFloat_Type || t == &PyBool_Type
+        || t == &PyBytes_Type || x == Py_None;
+}
+
+/* Whether ``x`` is a container, and if so its level in ``*out`` (owning a new reference).
+ * 1: a container, 0: a leaf, -1: an error is set. May run Python code (ABC checks,
+ * Mapping and Sequence methods) for types other than the built-in ones. */
+static int
+depth_open(PyObject *x, DepthLevel *out)
+{
+    out->next = NULL;
+    out->pos = 0;
+    if (PyList_Check(x) || PyTuple_Check(x)) {
+        Py_INCREF(x);
+        out->obj = x;
+        out->kind = DEPTH_SEQ;
+        return 1;
+    }
+    if (PyDict_Check(x)) {
+        Py_INCREF(x);
+        out->obj = x;
+        out->kind = DEPTH_DICT;
+        return 1;
+    }
+    if (PyAnySet_Check(x)) {
+        if ((out->obj = PyObject_GetIter(x)) == NULL)
+            return -1;
+        out->kind = DEPTH_ITER;
+        return 1;
+    }
+    if (PyUnicode_Check(x) || PyLong_Check(x) || PyFloat_Check(x) || PyBytes_Check(x)
+        || PyByteArray_Check(x))
+        return 0;
+    if (depth_import_types() < 0)
+        return -1;
+    int is;
+    if ((is = PyObject_IsInstance(x, depth_tag_type)) != 0) {
+        if (is < 0)
+            return -1;
+        PyObject *value = PyObject_GetAttrString(x, "value");
+        if (value == NULL)
+            return -1;
+        out->obj = PyTuple_Pack(1, value);
+        Py_DECREF(value);
+        out->kind = DEPTH_SEQ;
+        return out->obj == NULL ? -1 : 1;
+    }
+    if ((is = PyObject_IsInstance(x, depth_mapping)) != 0) {
+        if (is < 0)
+            return -1;
+        /* Keys and values, one after the other, in one list. */
+        PyObject *items = PyMapping_Items(x);
+        if (items == NULL)
+            return -1;
+        Py_ssize_t n = PyList_GET_SIZE(items);
+        PyObject *flat = PyList_New(0);
+        for (Py_ssize_t i = 0; flat != NULL && i < n; i++) {
+            PyObject *pair = PyList_GET_ITEM(items, i);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a mapping's items() must be pairs");
+                Py_CLEAR(flat);
+            } else if (PyList_Append(flat, PyTuple_GET_ITEM(pair, 0)) < 0
+                       || PyList_Append(flat, PyTuple_GET_ITEM(pair, 1)) < 0) {
+                Py_CLEAR(flat);
+            }
+        }
+        Py_DECREF(items);
+        out->obj = flat;
+        out->kind = DEPTH_SEQ;
+        return flat == NULL ? -1 : 1;
+    }
+    if ((is = PyObject_IsInstance(x, depth_sequence)) != 0) {
+        if (is < 0)
+            return -1;
+        out->obj = PySequence_Fast(x, "a Sequence that cannot be iterated");
+        out->kind = DEPTH_SEQ;
+        return out->obj == NULL ? -1 : 1;
+    }
+    return 0;
+}
+
+/* The next child of a level: 1 and a new reference in ``*child``, 0 when there is no
+ * more, -1 on an error. */
+static int
+depth_next_child(DepthLevel *lv, PyObject **child)
+{
+    switch (lv->kind) {
+    case DEPTH_SEQ:
+        /* The size is read again each time: Python code may have shrunk a list. */
+        if (lv->pos >= PySequence_Fast_GET_SIZE(lv->obj))
+            return 0;
+        *child = PySequence_Fast_GET_ITEM(lv->obj, lv->pos);
+        lv->pos++;
+        Py_INCREF(*child);
+        return 1;
+    case DEPTH_DICT: {
+        if (lv->next != NULL) {
+            *child = lv->next;
+            lv->next = NULL;
+            return 1;
+        }
+        PyObject *k, *v;
+        if (!PyDict_Next(lv->obj, &lv->pos, &k, &v))
+            return 0;
+        if (depth_is_scalar(k)) {
+            *child = v;
+        } else {
+            Py_INCREF(v);
+            lv->next = v;
+            *child = k;
+        }
+        Py_INCREF(*child);
+        return 1;
+    }
+    default:
+        if ((*child = PyIter_Next(lv->obj)) != NULL)
+            return 1;
+        return PyErr_Occurred() ? -1 : 0;
+    }
+}
+
+/* The depth of ``value``, ``limit + 1`` once deeper than ``limit``; -1 with an error set. */
+static Py_ssize_t
+depth_of(PyObject *value, Py_ssize_t limit)
+{
+    if (depth_is_scalar(value))
+        return 0;
+    /* The common record, a dict of scalars, answered without setting up a walk: this runs
+     * before every update(). */
+    if (PyDict_CheckExact(value) && limit > 0) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        int flat = 1;
+        while (flat && PyDict_Next(value, &pos, &k, &v))
+            flat = depth_is_scalar(k) && depth_is_scalar(v);
+        if (flat)
+            return 1;
+    }
+    DepthLevel small[32];
+    DepthLevel *stack = small;
+    Py_ssize_t cap = 32, height = 0, deepest = 0;
+    PyObject *child = value;
+    Py_INCREF(child);
+    int failed = 0;
+    for (;;) {
+        /* ``child`` (owned) is the value to look at next, or NULL. */
+        if (child != NULL) {
+            if (!depth_is_scalar(child)) {
+                DepthLevel lv;
+                int rc = depth_open(child, &lv);
+                if (rc < 0) {
+                    failed = 1;
+                    Py_DECREF(child);
+                    break;
+                }
+                if (rc > 0) {
+                    if (height == limit) {
+                        Py_DECREF(lv.obj);
+                        Py_DECREF(child);
+                        deepest = limit + 1;
+                        break;
+                    }
+                    if (height == cap) {
+                        DepthLevel *bigger = stack == small ? PyMem_Malloc(sizeof(DepthLevel) * (size_t)cap * 2)
+                                                            : PyMem_Realloc(stack, sizeof(DepthLevel) * (size_t)cap * 2);
+                        if (bigger == NULL) {
+                            Py_DECREF(lv.obj);
+                            Py_DECREF(child);
+                            PyErr_NoMemory();
+                            failed = 1;
+                            break;
+                        }
+                        if (stack == small)
+                            memcpy(bigger, small, sizeof(small));
+                        stack = bigger;
+                        cap *= 2;
+                    }
+                    stack[height++] = lv;
+                    if (height > deepest)
+                        deepest = height;
+                }
+            }
+            Py_DECREF(child);
+            child = NULL;
+        }
+        if (height == 0)
+            break;
+        DepthLevel *top = &stack[height - 1];
+        int rc = depth_next_child(top, &child);
+        if (rc < 0) {
+            failed = 1;
+            break;
+        }
+        if (rc == 0) {
+            Py_DECREF(top->obj);
+            Py_XDECREF(top->next);
+            height--;
+        }
+    }
+    while (height > 0) {
+        height--;
+        Py_DECREF(stack[height].obj);
+        Py_XDECREF(stack[height].next);
+    }
+    if (stack != small)
+        PyMem_Free(stack);
+    return failed ? -1 : deepest;
+}
+
+static int
+depth_limit_arg(PyObject *arg, Py_ssize_t *limit)
+{
+    *limit = PyLong_AsSsize_t(arg);
+    if (*limit == -1 && PyErr_Occurred())
+        return -1;
+    if (*limit < 0 || *limit > 1000000) {
+        PyErr_SetString(PyExc_ValueError, "the depth limit must be within 0..1000000");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(nesting_depth_doc,
+"nesting_depth(value, limit) -> int\n\n"
+"How many containers deep ``value`` nests (0 for a scalar, 1 for a flat list or dict),\n"
+"counting lists, tuples, dicts, sets, CBORTag values and other Mappings and Sequences,\n"
+"as cbor2 recurses into them; ``limit + 1`` as soon as it is deeper than ``limit``\n"
+"(a value that contains itself is). Uses no C recursion.");
+
+static PyObject *
+nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "nesting_depth(value, limit) takes 2 arguments");
+        return NULL;
+    }
+    if (depth_limit_arg(args[1], &limit) < 0)
+        return NULL;
+    Py_ssize_t depth = depth_of(args[0], limit);
+    return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
+}
+
+/* depth_checked(): ``encode`` behind the depth check, as one builtin function whose
+ * ``self`` is the tuple (encode, limit, error), so that the writer's hot path pays for one
+ * call, and one the interpreter calls as fast as any builtin. */
+
+static PyObject *
+depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "a depth-checked encoder takes one value");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 1));
+    Py_ssize_t depth = depth_of(args[0], limit);
+    if (depth < 0)
+        return NULL;
+    if (depth > limit) {
+        PyObject *exc = PyObject_CallOneArg(PyTuple_GET_ITEM(state, 2), args[0]);
+        if (exc != NULL) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return NULL;
+    }
+    return PyObject_Vectorcall(PyTuple_GET_ITEM(state, 0), args, 1, NULL);
+}
+
+static PyMethodDef depth_checked_def = {
+    "encode_checked", (PyCFunction)(void (*)(void))depth_checked_call, METH_FASTCALL,
+    "encode_checked(value): encode(value), unless value nests too deep (then raise error(value)).",
+};
+
+PyDoc_STRVAR(depth_checked_doc,
+"depth_checked(encode, limit, error) -> callable\n\n"
+"A callable taking one value: if it nests deeper than ``limit`` (see nesting_depth),\n"
+"raises ``error(value)``; otherwise returns ``encode(value)``.");
+
+static PyObject *
+depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error) takes 3 arguments");
+        return NULL;
+    }
+    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked: encode and error must be callables");
+        return NULL;
+    }
+    if (depth_limit_arg(args[1], &limit) < 0)
+        return NULL;
+    PyObject *state = PyTuple_Pack(3, args[0], args[1], args[2]);
+    if (state == NULL)
+        return NULL;
+    PyObject *checked = PyCFunction_NewEx(&depth_checked_def, state, NULL);
+    Py_DECREF(state);
+    return checked;
+}
+
 /* -- record boundaries -------------------------------------------------------------------
  *
  * Where each record of a batch payload starts, without building a Python object, so
@@ -1041,6 +1401,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
+    {"nesting_depth", (PyCFunction)(void (*)(void))nesting_depth, METH_FASTCALL, nesting_depth_doc},
+    {"depth_checked", (PyCFunction)(void (*)(void))depth_checked, METH_FASTCALL, depth_checked_doc},
     {"record_bounds", record_bounds, METH_VARARGS, record_bounds_doc},
     {"decode_slice", decode_slice, METH_VARARGS, decode_slice_doc},
     {NULL, NULL, 0, NULL},

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import cbor2
 
-from ._format import MAX_CBOR_DEPTH
+from ._format import MAX_CBOR_DEPTH, MAX_RECORD_DEPTH
 
 # Payloads are decoded as one array wrapping the records: one level more than a record.
 SEQUENCE_DEPTH = MAX_CBOR_DEPTH + 1
@@ -39,6 +40,137 @@ def _neutral_tag(tag: int) -> Callable[[Any, bool], cbor2.CBORTag]:
 _SAFE_SEMANTIC = {tag: _neutral_tag(tag) for tag in (28, 29, 35, 36)}
 
 
+class RecordTooDeep(ValueError):
+    """A value nests deeper than :data:`MAX_RECORD_DEPTH`: refused before anything is written."""
+
+    def __init__(self, what: str = "record") -> None:
+        super().__init__(
+            f"{what} not logged: it nests more than {MAX_RECORD_DEPTH} levels deep (lists, tuples, "
+            "dicts, sets and tags, registered classes' values included)"
+        )
+
+
+class RecordContainsItself(TypeError):
+    """A value holds itself: no depth limit would let it be encoded (CBOR has no cycles)."""
+
+    def __init__(self, what: str = "record") -> None:
+        super().__init__(f"{what} not logged: it contains itself, and CBOR has no cycles")
+
+
+def too_deep(value: Any, what: str = "record") -> Exception:
+    """The error for ``value``, found nested deeper than ``MAX_RECORD_DEPTH``: TypeError if
+    it contains itself (:class:`RecordContainsItself`), else :class:`RecordTooDeep`."""
+    if _contains_itself(value, MAX_RECORD_DEPTH + 1):
+        return RecordContainsItself(what)
+    return RecordTooDeep(what)
+
+
+def _contains_itself(value: Any, limit: int, budget: int = 1_000_000) -> bool:
+    """Whether a container on a path at most ``limit`` deep holds itself; looks at no more
+    than ``budget`` values (shared sub-values are seen once per path)."""
+    path: list[int] = []
+    on_path: set[int] = set()
+    stack: list[Iterator[Any]] = []
+    node = value
+    while budget > 0:
+        budget -= 1
+        children = None if type(node) in _SCALARS else _children(node)
+        if children is not None:
+            if id(node) in on_path:
+                return True
+            if len(stack) > limit:
+                return False
+            stack.append(iter(children))
+            path.append(id(node))
+            on_path.add(id(node))
+        while stack:
+            node = next(stack[-1], _END)
+            if node is not _END:
+                break
+            stack.pop()
+            on_path.discard(path.pop())
+        else:
+            return False
+    return False
+
+
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+_END = object()
+
+
+def _children(value: Any) -> Any:
+    """What cbor2's encoder recurses into for ``value``: an iterable, or None for a leaf."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return value
+    if isinstance(value, dict):
+        return _keys_and_values(value)
+    if isinstance(value, (str, int, float, bytes, bytearray)):
+        return None
+    if isinstance(value, cbor2.CBORTag):
+        return (value.value,)
+    if isinstance(value, Mapping):
+        return _keys_and_values(value)
+    if isinstance(value, Sequence):
+        return value
+    return None
+
+
+def _keys_and_values(mapping: Mapping[Any, Any]) -> Iterator[Any]:
+    for key, value in list(mapping.items()):
+        yield key
+        yield value
+
+
+def _nesting_depth(value: Any, limit: int) -> int:
+    """The pure-Python twin of ``_cbor_json.nesting_depth`` (see it), for builds without
+    a C compiler: the same answer, without recursion, only slower."""
+    if type(value) in _SCALARS:
+        return 0
+    # The common record, a dict of scalars, without a walk (map and issuperset loop in C).
+    if type(value) is dict and limit > 0:
+        if _SCALARS.issuperset(map(type, value)) and _SCALARS.issuperset(map(type, value.values())):
+            return 1
+    deepest = 0
+    stack: list[Iterator[Any]] = []
+    node = value
+    while True:
+        children = None if type(node) in _SCALARS else _children(node)
+        if children is not None:
+            if len(stack) == limit:
+                return limit + 1
+            stack.append(iter(children))
+            deepest = max(deepest, len(stack))
+        while stack:
+            node = next(stack[-1], _END)
+            if node is not _END:
+                break
+            stack.pop()
+        else:
+            return deepest
+
+
+try:
+    from ._cbor_json import depth_checked as _c_depth_checked
+    from ._cbor_json import nesting_depth as _c_nesting_depth
+except ImportError:  # built without a C compiler (or before the functions existed)
+    _c_depth_checked = _c_nesting_depth = None
+
+#: ``nesting_depth(value, limit)``: how many levels deep ``value`` nests, ``limit + 1``
+#: once deeper than ``limit``.
+nesting_depth: Callable[[Any, int], int] = _c_nesting_depth or _nesting_depth
+
+
+def check_depth(value: Any, what: str = "record", limit: int = MAX_RECORD_DEPTH) -> None:
+    """Raise :class:`RecordTooDeep` (a ValueError) if ``value`` nests deeper than ``limit``
+    (TypeError if that is because it contains itself).
+
+    cbor2's encoder recurses on the C stack without a guard, so a deep enough value would
+    crash the interpreter instead of raising: every value is measured before it is encoded.
+    """
+    if nesting_depth(value, limit) > limit:
+        raise too_deep(value, what)
+
+
 class Codec:
     """Maps app classes to stable names so they can be logged and read back.
 
@@ -58,6 +190,8 @@ class Codec:
     def __init__(self) -> None:
         self._by_type: dict[type, tuple[str, Callable[[Any], Any]]] = {}
         self._by_name: dict[str, Callable[[Any], Any]] = {}
+        # Levels taken by registered objects being encoded on this thread (see _default).
+        self._nesting = threading.local()
         self.encode: Callable[[Any], bytes] = functools.partial(cbor2.dumps, default=self._default)
 
     def register(
@@ -118,6 +252,21 @@ class Codec:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
         return cbor2.CBOREncoder(fp, default=self._default)
 
+    def record_encoder(self, fp: Any) -> Callable[[Any], Any]:
+        """``encode(record)`` writing to ``fp`` (the Log's batch buffer), which first
+        refuses with :class:`RecordTooDeep` a record nested deeper than
+        ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C where it is built."""
+        encode = self.encoder(fp).encode
+        if _c_depth_checked is not None:
+            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep)
+            return checked
+
+        def encode_checked(record: Any) -> Any:
+            check_depth(record)
+            return encode(record)
+
+        return encode_checked
+
     @property
     def names(self) -> Mapping[str, Callable[[Any], Any]]:
         """Registered names (read-only view)."""
@@ -128,7 +277,23 @@ class Codec:
         if entry is None:
             raise TypeError(_unloggable(value))
         name, enc = entry
-        encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, enc(value)]))
+        fields = enc(value)
+        # What enc() returns is seen only now, inside cbor2's recursion, and may hold more
+        # registered objects: the levels of every registered object being encoded on this
+        # thread count against one allowance, so that a chain of them (a linked list of
+        # dataclasses) cannot recurse without bound. With the record's own levels, checked
+        # before encoding, cbor2 recurses at most twice MAX_RECORD_DEPTH deep.
+        nesting = self._nesting
+        used: int = getattr(nesting, "used", 0)
+        room = max(MAX_RECORD_DEPTH - used - 2, 0)  # 2: the tag and its [name, fields] array
+        depth = nesting_depth(fields, room)
+        if depth > room:
+            raise RecordTooDeep()
+        nesting.used = used + 2 + depth
+        try:
+            encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, fields]))
+        finally:
+            nesting.used = used
 
     def _tag_hook(self, tag: cbor2.CBORTag, immutable: bool) -> Any:
         # cbor2 6 calls tag hooks with (tag, immutable).
@@ -166,8 +331,13 @@ def _unloggable(value: Any) -> str:
     return f"cannot log an object of type {type(value).__module__}.{type(value).__qualname__}"
 
 
-def encode_error(exc: BaseException) -> TypeError:
-    """The TypeError ``update()`` raises for a record cbor2 refused."""
+def encode_error(exc: BaseException) -> Exception:
+    """The error ``update()`` raises for a record cbor2 refused: a TypeError, or the
+    ValueError of a record nested too deep."""
+    if isinstance(exc, (RecordTooDeep, RecordContainsItself)):
+        return exc
+    if isinstance(exc, RecursionError):  # registered classes' encode functions recursing
+        return RecordTooDeep()
     cause = exc.__cause__ if isinstance(exc.__cause__, TypeError) else exc
     return TypeError(
         f"record not logged: {cause}; records must be CBOR values (dict, list, str, bytes, "

@@ -16,6 +16,7 @@ from typing import Any, overload
 
 from . import _format as F
 from ._codec import plain_loads
+from ._errors import MissingDependencyError
 
 _crc32 = zlib.crc32
 
@@ -112,6 +113,8 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) 
     compression = header.flags & F.COMPRESSION_MASK
     if compression == F.COMPRESSION_NONE:
         return bytes(stored)
+    if compression == F.COMPRESSION_ZSTD:
+        zstandard = _zstandard(offset)
     try:
         if compression == F.COMPRESSION_GZIP:
             d = zlib.decompressobj()
@@ -119,8 +122,6 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) 
             if d.unconsumed_tail or not d.eof:
                 raise ValueError("zlib stream longer than its declared length")
         elif compression == F.COMPRESSION_ZSTD:
-            import zstandard
-
             # max_output_size only bounds frames without a content size: a frame that
             # declares one gets that much allocated up front, so check it first.
             declared = zstandard.frame_content_size(stored)
@@ -129,13 +130,27 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) 
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=header.raw_len)
         else:
             raise ValueError(f"unknown compression flag 0x{compression:04x}")
-    except ImportError:
-        raise Damage("batch is zstd-compressed; install persistlog[zstd] to read it", offset) from None
     except Exception as e:  # any decompressor complaint is damage of these bytes
         raise Damage(f"batch payload does not decompress: {e}", offset) from None
     if len(raw) != header.raw_len:
         raise Damage(f"decompressed {len(raw)} bytes, header says {header.raw_len}", offset)
     return raw
+
+
+def _zstandard(offset: int) -> Any:
+    """The zstandard module, imported when a zstd batch is first met: readers of logs
+    without one never need the package, and a reader without it is told what to install
+    (a missing package says nothing about the bytes, so it is never :class:`Damage`)."""
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingDependencyError(
+            f"the batch at offset {offset} is zstd-compressed and the zstandard package is not "
+            "installed: pip install 'persistlog[zstd]'",
+            package="zstandard",
+            extra="zstd",
+        ) from None
+    return zstandard
 
 
 def split_records(

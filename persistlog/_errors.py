@@ -10,6 +10,7 @@
     ├── LogClosedError         the Log was closed (also a RuntimeError)
     ├── EnumerateError         the app's enumerate_all raised during a rotation
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
+    ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
     ├── ResetRequired          a follower's cursor points at data retention already deleted
     └── ExistingLogError       open() over records nobody restored (restore first, or discard)
 
@@ -85,6 +86,18 @@ class EnumerateError(PersistLogError):
 
 class LogNotFoundError(PersistLogError, FileNotFoundError):
     """``restore(..., missing_ok=False)`` found no log at the destination."""
+
+
+class MissingDependencyError(PersistLogError, ImportError):
+    """Bytes that are fine but need an optional package this interpreter lacks, such as a
+    zstd-compressed batch without ``zstandard``. Never a sign of damage: install the extra
+    the message names (``.extra``; ``.name`` is the missing package) and read again.
+    """
+
+    def __init__(self, message: str, *, package: str, extra: str) -> None:
+        super().__init__(message, name=package)
+        self.package = package
+        self.extra = extra
 
 
 class ResetRequired(PersistLogError):

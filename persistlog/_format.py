@@ -49,9 +49,15 @@ KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK
 MAX_BATCH_BYTES = 64 * 1024 * 1024
 MAX_RECORD_BYTES = 32 * 1024 * 1024
 MAX_POINTER_BYTES = 4096
-# Deeper than anything cbor2's encoder can write (its recursion overflows the C stack
-# first, somewhere past 6000 levels), so every record a writer logged can be read back;
-# cbor2's decoder is not recursive, so hostile nesting costs no stack.
+# Writers refuse a record, snapshot record or metadata value nested deeper than this
+# (containers and tags on its deepest path): cbor2's encoder recurses on the C stack,
+# about 1.1 KiB a level, and dies with SIGSEGV somewhere past 7,000 levels on an 8 MiB
+# stack, past 400 on a 512 KiB one. The same depth as the JSON fast path's MAX_DEPTH in
+# _cbor_json.c, so that every record written takes that path.
+MAX_RECORD_DEPTH = 256
+# What readers accept: logs written before writers had a limit hold records as deep as
+# cbor2's encoder could write (about 7,000 levels), and every record a writer logged must
+# read back; cbor2's decoder is not recursive, so hostile nesting costs no stack.
 MAX_CBOR_DEPTH = 10_000
 
 # Control record types (the "t" key of a control record map).

@@ -18,7 +18,7 @@ from destinations import Destination, destination_url, open_destination
 from . import _exit
 from . import _format as F
 from ._api import restore, restored_here
-from ._codec import Codec
+from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError, WriterConflict
 from ._reader import end_of_logs as _end_of_logs
 from ._reader import list_logs, read_pointer
@@ -77,7 +77,10 @@ class Log(LogCore):
 
     Raises ``TypeError`` before anything is written if the record cannot be encoded, or
     if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
-    32 MiB. In ``buffered`` mode (the default) the record reaches the OS within the flush
+    32 MiB or nests more than 256 levels deep (lists, tuples, dicts, sets and tags on its
+    deepest path, with what a ``Codec``'s encode functions return counted in). A value
+    that contains itself raises ``TypeError``, as any value CBOR cannot hold.
+    In ``buffered`` mode (the default) the record reaches the OS within the flush
     interval (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this
     returns; in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
     sharing one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile
@@ -91,7 +94,8 @@ class Log(LogCore):
     ``TypeError``, since each would iterate into characters, integers or keys. The records
     go into one batch, so a crash keeps all of them or none. Every record is encoded first:
     if any cannot be, ``TypeError`` is raised and none is written; if together they are
-    more than one batch holds (about 56 MiB), ``ValueError``.
+    more than one batch holds (about 56 MiB), ``ValueError``. Each record has
+    ``update()``'s limits (32 MiB, 256 levels deep).
     """
 
     def sync(self) -> None:
@@ -377,7 +381,8 @@ def open(
     Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
     resource, and returns once that first log is complete (if it raises, the log is closed
     and :class:`EnumerateError` is raised). A second writer on the same destination gets
-    :class:`WriterConflict`.
+    :class:`WriterConflict`. Emitted records and ``metadata`` nest at most 256 levels deep,
+    as ``update()``'s records do (``ValueError``).
 
     The new log replaces what the destination holds, so the app must have replayed it:
     with ``replay=`` (or ``replay_batch=``) open restores first, holding the writer lock,
@@ -425,6 +430,7 @@ def open(
         compression=compression,
     )
     codec = codec or Codec()
+    check_depth(metadata, "metadata")
     try:
         codec.encode(metadata)
     except Exception as e:

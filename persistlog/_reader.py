@@ -31,7 +31,7 @@ from ._decoder import (
     split_records,
 )
 from ._encoder import seal_trailer
-from ._errors import CorruptLogError, DestinationError
+from ._errors import CorruptLogError, DestinationError, MissingDependencyError
 
 log = logging.getLogger("persistlog")
 
@@ -380,6 +380,10 @@ class LogScanner:
                     controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
                 else:
                     controls = None
+            except MissingDependencyError as e:
+                raise MissingDependencyError(
+                    f"{self.dest.url} log {self.seq} segment {name}: {e}", package=e.package, extra=e.extra
+                ) from None
             except Damage as d:
                 # A crash can leave only the end of the last segment unfinished: a short or
                 # zero-filled header, a batch running past the end, or a last batch whose

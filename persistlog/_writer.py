@@ -39,7 +39,7 @@ from destinations import Destination, LockHeld, WriterLock
 
 from . import _encoder
 from . import _format as F
-from ._codec import Codec, encode_error
+from ._codec import Codec, check_depth, encode_error
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
 from ._replicas import Replica
@@ -52,6 +52,7 @@ COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.
 
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
+_MAX_DEPTH = F.MAX_RECORD_DEPTH
 # Record bytes one batch may hold, leaving room for a kind bitmap (at most 1/8 of them).
 _BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 
@@ -156,7 +157,7 @@ class LogCore:
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
-        self._enc_encode = codec.encoder(self._fp).encode
+        self._enc_encode = codec.record_encoder(self._fp)
         self._tell = self._fp.tell
         self._pos = 0
         self._buf_first = F.FIRST_LSN
@@ -396,6 +397,7 @@ class LogCore:
             raise TypeError(
                 f"update_many() takes an iterable of records, not a {type(records).__name__}"
             ) from None
+        check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
         try:

@@ -8,6 +8,7 @@ the work itself is done by library functions (``persistlog._inspect``, ``_repair
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 
 from .._format import FORMAT_VERSION
@@ -21,7 +22,8 @@ EPILOG = """\
 exit status:
   0  success, destination clean
   1  damage found (torn tail or corruption), or a repair refused
-  2  bad usage or input, or storage that cannot be used
+  2  bad usage or input, no log at URL, storage that cannot be used, or a log
+     that cannot be checked (a batch needs a package that is not installed)
 
 examples:
   persistlog info /var/lib/app/state
@@ -35,6 +37,14 @@ Run "persistlog COMMAND --help" for each command's options and examples.
 """
 
 
+def package_version() -> str:
+    """The installed distribution's version ("unknown" when run from a tree never installed)."""
+    try:
+        return importlib.metadata.version("persistlog")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="persistlog",
@@ -42,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"persistlog (format v{FORMAT_VERSION})")
+    parser.add_argument("--version", action="version", version=f"persistlog {package_version()} (format v{FORMAT_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = common_options()
     for command in COMMANDS:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from .._errors import CorruptLogError, PersistLogError, WriterConflict
+from .._errors import CorruptLogError, PersistLogError
 from ._options import UsageError
 
 EXIT_OK = 0
@@ -62,23 +62,26 @@ def error(message: str) -> None:
     print(f"persistlog: {message}", file=sys.stderr)
 
 
+def fail(args: argparse.Namespace, message: str, status: int) -> int:
+    """Report a command that could not do its job: one line on stderr and, with ``--json``,
+    one on stdout as well, a JSON object, so that a script reading stdout sees why (as the
+    last line of ``dump``'s and ``tail``'s JSON lines, or as the whole document)."""
+    error(message)
+    if getattr(args, "json", False):
+        doc = {"url": getattr(args, "url", None), "ok": False, "error": message, "exit_status": status}
+        print(json.dumps(doc), flush=True)
+    return status
+
+
 def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a subcommand, turning the errors an operator can meet into one line each."""
     verbose = bool(getattr(args, "verbose", False))
     try:
         return run(args)
     except CorruptLogError as e:
-        error(f"corrupt: {e}")
-        return EXIT_DAMAGED
-    except WriterConflict as e:
-        error(str(e))
-        return EXIT_USAGE
-    except UsageError as e:
-        error(str(e))
-        return EXIT_USAGE
-    except PersistLogError as e:
-        error(str(e))
-        return EXIT_USAGE
+        return fail(args, f"corrupt: {e}", EXIT_DAMAGED)
+    except (UsageError, PersistLogError) as e:
+        return fail(args, str(e), EXIT_USAGE)
     except BrokenPipeError:
         # The reader went away (``persistlog dump URL | head``): not an error. Point
         # stdout at /dev/null so the interpreter's final flush does not complain.
@@ -90,14 +93,16 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except (OSError, ValueError, ImportError) as e:
         if verbose:
             log.exception("failed")
-        error(f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e))
-        return EXIT_USAGE
+        return fail(args, f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e), EXIT_USAGE)
     except Exception as e:
         # A storage client's own exception, or a bug: still one line (-v shows where).
         if verbose:
             log.exception("failed")
-        error(f"unexpected {type(e).__module__}.{type(e).__name__}: {e} (run with -v for the traceback)")
-        return EXIT_USAGE
+        return fail(
+            args,
+            f"unexpected {type(e).__module__}.{type(e).__name__}: {e} (run with -v for the traceback)",
+            EXIT_USAGE,
+        )
 
 
 def print_json(value: Any, stream: TextIO | None = None) -> None:

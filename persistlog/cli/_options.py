@@ -13,6 +13,8 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
+from .. import _format as F
+
 
 class UsageError(Exception):
     """Bad input from the command line: reported in one line, exit status 2."""
@@ -62,26 +64,48 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
     return options
 
 
-def open_dest(args: argparse.Namespace, *, must_exist: bool = True) -> Destination:
-    """The destination named on the command line.
+def open_dest(args: argparse.Namespace) -> Destination:
+    """The destination named on the command line, which need not exist yet.
 
-    An unknown protocol or a missing driver (``s3://`` without s3fs) is a usage error; so
-    is a destination that does not exist, when ``must_exist``.
+    An unknown protocol or a missing driver (``s3://`` without s3fs) is a usage error.
     """
     options = parse_storage_options(args.storage_options)
     try:
-        dest = open_destination(args.url, **options)
-    except ValueError as e:
+        return open_destination(args.url, **options)
+    except (ValueError, ImportError) as e:
         raise UsageError(str(e)) from None
-    except ImportError as e:
-        raise UsageError(str(e)) from None
-    if must_exist:
-        try:
-            exists = dest.exists()
-        except Exception as e:  # any storage client's error: the store cannot be used
-            dest.close()
-            raise UsageError(f"cannot reach {args.url}: {type(e).__name__}: {e}") from None
-        if not exists:
-            dest.close()
-            raise UsageError(f"no destination at {args.url} (the directory does not exist)")
-    return dest
+
+
+def open_log(args: argparse.Namespace) -> Destination:
+    """The destination named on the command line, which must hold a persistlog log.
+
+    Anything else -- a missing directory or bucket, a regular file, a directory of other
+    files -- is a usage error saying "no persistlog log at URL" and what is there instead,
+    found by reading only: nothing is ever written to a destination that holds no log.
+    """
+    dest = open_dest(args)
+    try:
+        reason = _why_no_log(dest)
+    except Exception as e:  # any storage client's error: the store cannot be used
+        dest.close()
+        raise UsageError(f"cannot reach {args.url}: {type(e).__name__}: {e}") from None
+    if reason is None:
+        return dest
+    dest.close()
+    raise UsageError(f"no persistlog log at {args.url}: {reason}")
+
+
+def _why_no_log(dest: Destination) -> str | None:
+    """None when ``dest`` holds a log (a segment or CURRENT), else what it holds instead."""
+    try:
+        names = dest.list()
+    except FileNotFoundError:
+        return dest.describe_missing()
+    if any(F.parse_segment_name(n) is not None for n in names) or F.CURRENT_NAME in names:
+        return None
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"
+    if not dest.exists():
+        return dest.describe_missing()
+    return "it is empty"

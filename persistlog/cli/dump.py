@@ -18,7 +18,7 @@ from .._codec import Codec
 from .._decoder import Damage
 from .._reader import LogScanner, list_logs
 from ._console import EXIT_DAMAGED, EXIT_OK, error
-from ._options import UsageError, open_dest
+from ._options import UsageError, open_log
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -47,7 +47,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.from_lsn < 0:
         raise UsageError("--from-lsn must be >= 0")
-    dest = open_dest(args)
+    dest = open_log(args)
     try:
         return dump(dest, args)
     finally:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._inspect import DestinationReport, Holder, Progress, inspect_destination
 from ._console import EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
-from ._options import open_dest
+from ._options import open_log
 
 EXAMPLES = """\
 examples:
@@ -44,7 +44,7 @@ def progress_callback(line: ProgressLine) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    dest = open_dest(args)
+    dest = open_log(args)
     line = ProgressLine("info")
     try:
         report = inspect_destination(dest, check_records=False, progress=progress_callback(line))

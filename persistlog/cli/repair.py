@@ -13,7 +13,9 @@ state unchanged. CURRENT is pointed at the newest complete log that survives.
 The writer must be stopped: repair takes the writer lock. Local destinations only: object
 stores write every segment whole and create-only, so nothing there is ever torn.
 Exit status 0 when the destination is clean afterwards (or already was), 1 when damage
-remains (a refused repair, or --dry-run of one that would be refused).
+remains (a refused repair, or --dry-run of one that would be refused), 2 when there is no
+log or it cannot be checked (a batch needs a package that is not installed): then nothing
+is written to the destination.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import argparse
 from typing import Any
 
 from .._repair import RepairPlan, RepairResult, repair
-from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fmt_bytes, plural, print_json
-from ._options import UsageError, open_dest
+from .._errors import MissingDependencyError
+from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
+from ._options import UsageError, open_log
 from .info import progress_callback
 
 EXAMPLES = """\
@@ -49,13 +52,16 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    dest = open_dest(args)
+    dest = open_log(args)
     line = ProgressLine("repair")
     try:
         try:
             result = repair(dest, force=args.force, dry_run=args.dry_run, progress=progress_callback(line))
         except ValueError as e:
             raise UsageError(str(e)) from None
+        except MissingDependencyError as e:
+            # Unreadable is not damaged: cutting there would throw sound records away.
+            return fail(args, f"repair refused, nothing changed: cannot check {args.url}: {e}", EXIT_USAGE)
     finally:
         line.done()
         dest.close()

@@ -3,9 +3,9 @@
 Replays exactly what an application's restore would (the newest complete log and every
 later one, in LSN order) into a model that counts records and, for logs following the
 ResourceStore convention ({"op": "put"|"del", "key": ..., "value": ...}), keeps the set of
-live keys. Prints records replayed, keys live, logs, last LSN, last commit time and how
-long it took. Exit status 0 when the restore succeeds, 1 when it meets corruption (or
-passes over some with --recovery skip).
+live keys. Prints records replayed, keys live, the seqs of the logs replayed, last LSN,
+last commit time and how long it took. Exit status 0 when the restore succeeds, 1 when it
+meets corruption (or passes over some with --recovery skip), 2 when there is no log.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .._api import restore
 from .._errors import CorruptLogError
 from .._jsonify import to_json
 from .._restore import RestoreResult
-from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, error, fmt_time, iso_time, plural, print_json
-from ._options import open_dest, parse_storage_options
+from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fail, fmt_time, iso_time, plural, print_json
+from ._options import open_log, parse_storage_options
 
 EXAMPLES = """\
 examples:
@@ -83,7 +83,7 @@ class Model:
 
 
 def run(args: argparse.Namespace) -> int:
-    open_dest(args).close()
+    open_log(args).close()
     line = ProgressLine("restore-check")
     model = Model(line)
     started = time.perf_counter()
@@ -96,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except CorruptLogError as e:
         line.done()
-        error(f"restore failed after {plural(model.records, 'record')}: {e}")
-        return EXIT_DAMAGED
+        return fail(args, f"restore failed after {plural(model.records, 'record')}: {e}", EXIT_DAMAGED)
     finally:
         line.done()
     seconds = time.perf_counter() - started
@@ -140,10 +139,11 @@ def print_summary(result: RestoreResult, model: Model, seconds: float) -> None:
     if not result.found:
         print(f"{result.destination}: no log, nothing to restore")
         return
-    logs = ", ".join(str(s) for s in result.logs)
+    seqs = result.logs
+    logs = f"log seq {seqs[0]}" if len(seqs) == 1 else f"log seqs {', '.join(map(str, seqs))}"
     start = "a complete log" if result.complete else "NO complete log (replayed every log from the oldest)"
     print(f"{result.destination}: restored from {start}")
-    print(f"  logs replayed    {logs}")
+    print(f"  replayed from    {logs}")
     print(f"  records          {result.records}")
     if model.keys is not None and result.records:
         ops = f"{model.puts} puts, {model.deletes} deletes"

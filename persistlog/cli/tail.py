@@ -16,7 +16,7 @@ from typing import Any
 
 from .._follower import Follower, follow
 from ._console import EXIT_OK, error
-from ._options import UsageError, open_dest, parse_storage_options
+from ._options import UsageError, open_dest, open_log, parse_storage_options
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError("--interval must be a positive number of seconds")
     # Without -f a missing destination is an error; with -f it may appear later.
-    open_dest(args, must_exist=not args.follow).close()
+    (open_dest if args.follow else open_log)(args).close()
 
     def on_reset() -> None:
         error("the cursor's data was removed by retention: starting again from the newest complete log")

@@ -4,7 +4,8 @@ Checks every segment header, every batch's header and payload checksums, decodes
 record, and checks the seq chain between logs, the LSN chain through segments and logs,
 log headers, seals and CURRENT. It reads past damage to find all of it, and reports each
 torn tail (a crash artefact restore drops) and each corruption (restore refuses it) with
-its log, segment and byte offset. Exit status 0 when clean, 1 when damaged.
+its log, segment and byte offset. Exit status 0 when clean, 1 when damaged, 2 when it
+cannot check (no log there, or a batch needs a package that is not installed).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import argparse
 from typing import Any
 
 from .._inspect import DestinationReport, Problem, inspect_destination
-from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fmt_bytes, plural, print_json
-from ._options import open_dest
+from .._errors import MissingDependencyError
+from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
+from ._options import open_log
 from .info import progress_callback, report_json
 
 EXAMPLES = """\
@@ -49,10 +51,14 @@ def describe(p: Problem) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    dest = open_dest(args)
+    dest = open_log(args)
     line = ProgressLine("verify")
     try:
         report = inspect_destination(dest, check_records=True, progress=progress_callback(line))
+    except MissingDependencyError as e:
+        # The bytes may well be sound: what cannot be read was not checked, so it is
+        # neither clean (0) nor damaged (1).
+        return fail(args, f"cannot check {args.url}: {e}", EXIT_USAGE)
     finally:
         line.done()
         dest.close()

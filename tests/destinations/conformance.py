@@ -29,6 +29,12 @@ class DestinationConformance:
         assert dest.list() == []
         assert dest.list(start_after="a") == []
 
+    def test_a_missing_directory_is_described(self, make_dest: MakeDest) -> None:
+        dest = make_dest("never-made")
+        assert not dest.exists()
+        why = dest.describe_missing()
+        assert why == "the directory does not exist" or why.startswith("no object in bucket")
+
     def test_ensure_is_idempotent_and_makes_it_exist(self, make_dest: MakeDest) -> None:
         dest = make_dest()
         dest.ensure()

@@ -92,6 +92,9 @@ def test_limits() -> None:
     mib = F.MAX_BATCH_BYTES // (1024 * 1024)
     assert f"(at most {mib} MiB)" in section("Batch")
     assert f"{F.MAX_CBOR_DEPTH:,} containers deep" in section("Records")
+    records = " ".join(section("Records").split())
+    assert f"nested more than {F.MAX_RECORD_DEPTH} levels deep" in records
+    assert f"at most {F.MAX_RECORD_BYTES // (1024 * 1024)} MiB (`MAX_RECORD_BYTES`)" in records
 
 
 def test_names() -> None:

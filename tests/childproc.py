@@ -1,0 +1,39 @@
+"""Running code in a fresh interpreter, optionally with some modules made unimportable
+(``sys.modules[name] = None`` before anything else runs, so ``import name`` raises
+ImportError as it would were the package not installed).
+
+A child process is also how a test survives what it provokes: a crash there shows as the
+child's exit status instead of killing pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import Any
+
+#: The ``persistlog`` command, for :func:`run_python`.
+CLI = "import sys\nfrom persistlog.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def run_python(code: str, *args: str, hide: Sequence[str] = (), timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (dedented) as ``python -c`` with ``args``, hiding the modules ``hide``."""
+    prelude = "".join(f"import sys; sys.modules[{name!r}] = None\n" for name in hide)
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_json(code: str, *args: str, hide: Sequence[str] = ()) -> dict[str, Any]:
+    """:func:`run_python` for code that prints one JSON object as its last line; a child
+    that exits non-zero (a crash shows as a negative signal number) fails the test."""
+    proc = run_python(code, *args, hide=hide)
+    assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-2000:]}"
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

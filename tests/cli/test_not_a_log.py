@@ -1,0 +1,126 @@
+"""The CLI on things that are not logs: each command says "no persistlog log at URL" and
+what is there instead, exits 2 and writes nothing; ``--json`` errors are JSON on stdout
+too; ``--version`` names the package; ``restore-check`` labels log seqs as seqs."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+
+import pytest
+from clihelpers import KV, cli, cli_subprocess, corrupt_middle
+
+import persistlog
+
+COMMANDS = ["verify", "restore-check", "dump", "info", "tail", "repair"]
+
+
+@pytest.fixture
+def readme_dir(tmp_path: Path) -> str:
+    d = tmp_path / "notalog"
+    d.mkdir()
+    (d / "readme.txt").write_text("not a log\n")
+    return str(d)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_directory_of_other_files_is_no_log(readme_dir: str, command: str) -> None:
+    run = cli(command, readme_dir)
+    assert run.status == 2, run.out + run.err
+    assert run.out == ""
+    assert run.err.strip() == (
+        f"persistlog: no persistlog log at {readme_dir}: it holds 1 other file (readme.txt) and no log segment"
+    )
+    assert os.listdir(readme_dir) == ["readme.txt"]  # repair took no lock, nothing was written
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_json_errors_are_json_on_stdout(readme_dir: str, command: str) -> None:
+    run = cli(command, readme_dir, "--json")
+    assert run.status == 2
+    doc = json.loads(run.out)
+    assert doc == {
+        "url": readme_dir,
+        "ok": False,
+        "error": f"no persistlog log at {readme_dir}: it holds 1 other file (readme.txt) and no log segment",
+        "exit_status": 2,
+    }
+    assert doc["error"] in run.err  # still said on stderr
+
+
+def test_repair_writes_nothing_where_there_is_no_log(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = cli("repair", str(empty))
+    assert run.status == 2 and "no persistlog log at" in run.err and "it is empty" in run.err
+    assert os.listdir(empty) == []
+    missing = tmp_path / "missing"
+    run = cli("repair", str(missing), "--force")
+    assert run.status == 2 and "the directory does not exist" in run.err
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_regular_file_is_not_called_a_missing_directory(tmp_path: Path, command: str) -> None:
+    f = tmp_path / "state.db"
+    f.write_text("x")
+    run = cli(command, str(f))
+    assert run.status == 2
+    assert f"no persistlog log at {f}: it is a file, not a directory" in run.err
+    assert "does not exist" not in run.err
+    below = cli(command, str(f / "log"))
+    assert below.status == 2 and f"{f} is a file, not a directory" in below.err
+
+
+def test_a_missing_directory_says_so(tmp_path: Path) -> None:
+    run = cli("verify", str(tmp_path / "nothing"))
+    assert run.status == 2
+    assert run.err.strip() == f"persistlog: no persistlog log at {tmp_path / 'nothing'}: the directory does not exist"
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("command", COMMANDS)
+def test_s3_missing_bucket_and_empty_prefix(s3_bucket: str, s3_storage_options: dict, command: str) -> None:
+    endpoint = s3_storage_options["client_kwargs"]["endpoint_url"]
+    options = ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={endpoint}"]
+    missing = cli(command, "s3://no-such-bucket-persistlog/app", *options)
+    assert missing.status == 2
+    assert "no persistlog log at s3://no-such-bucket-persistlog/app: the bucket 'no-such-bucket-persistlog' does not exist" in missing.err
+    assert "directory" not in missing.err
+    empty = cli(command, f"s3://{s3_bucket}/app", *options, "--json")
+    assert empty.status == 2
+    assert json.loads(empty.out)["error"] == (
+        f"no persistlog log at s3://{s3_bucket}/app: no object in bucket '{s3_bucket}' has the prefix 'app/'"
+    )
+
+
+def test_other_failures_are_json_on_stdout_too(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    kv = KV()
+    lg = persistlog.open(url, kv.enumerate_all, batch_bytes=300)
+    for i in range(200):
+        kv.put(lg, f"k{i % 20}", {"i": i})
+        if i % 10 == 9:
+            lg.sync()
+    lg.close()
+    victim = corrupt_middle(url)
+    run = cli("restore-check", url, "--json")
+    assert run.status == 1
+    doc = json.loads(run.out)
+    assert doc["ok"] is False and doc["exit_status"] == 1 and f"offset {victim.offset}" in doc["error"]
+
+
+def test_version_names_the_package_and_the_format() -> None:
+    run = cli_subprocess("--version")
+    assert run.status == 0
+    version = importlib.metadata.version("persistlog")
+    assert run.out.strip() == f"persistlog {version} (format v{persistlog.FORMAT_VERSION})"
+
+
+def test_restore_check_labels_log_seqs_as_seqs(logdir: str) -> None:
+    run = cli("restore-check", logdir)
+    assert run.status == 0, run.err
+    assert "  replayed from    log seq 3\n" in run.out
+    assert "logs replayed" not in run.out
