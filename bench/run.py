@@ -20,6 +20,7 @@ import core
 import follower
 import s3
 import shapes
+import spark_stream
 from figures import Figure, info, save, table, vs_baseline
 from workload import Config, Scratch, scratch
 
@@ -36,6 +37,8 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "follower": follower.BENCHMARKS,
     "shapes": shapes.BENCHMARKS,
     "asyncio": async_log.BENCHMARKS,
+    # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
+    "spark": spark_stream.BENCHMARKS,
 }
 
 

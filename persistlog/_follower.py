@@ -106,6 +106,23 @@ class Lag:
     seconds: float
 
 
+def next_segments(cur: Cursor, sealed: bool) -> list[tuple[str, Cursor]]:
+    """The segments that may come right after the cursor's, in the order they are taken,
+    each with the cursor at its start: the log's next segment (none once the log is sealed),
+    then the next log's first. Anything else after the cursor's segment is a gap."""
+    after = [] if sealed else [(F.segment_name(cur.log, cur.segment + 1), Cursor(cur.log, cur.segment + 1, 0, cur.next_lsn))]
+    after.append((F.segment_name(cur.log + 1, 0), Cursor(cur.log + 1, 0, 0, cur.next_lsn)))
+    return after
+
+
+def first_lsn(dest: Destination, name: str) -> int | None:
+    """The first LSN a segment's header names (None if damaged: a scan reports it)."""
+    try:
+        return parse_segment_header(dest.read(name, 0, F.SEGMENT_HEADER_SIZE)).first_lsn
+    except Damage:
+        return None
+
+
 def _as_cursor(value: Cursor | str | dict[str, Any] | None) -> Cursor | None:
     if value is None or isinstance(value, Cursor):
         return value
@@ -431,28 +448,15 @@ class Follower:
             parsed = F.parse_segment_name(n)
             assert parsed is not None
             seq, number = parsed
-            if seq == cur.log and number == cur.segment + 1 and not self._sealed:
-                nxt = Cursor(seq, number, 0, cur.next_lsn)
-            elif (
+            if (
                 number == 0
-                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and self._first_lsn(n) != cur.next_lsn))
+                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and first_lsn(self.dest, n) != cur.next_lsn))
                 and declares_gap(self.dest, [(0, n)])
             ):
                 yield from self._after_gap(seq)
                 return
-            elif seq == cur.log + 1 and number == 0:
-                first = None if self._sealed else self._first_lsn(n)
-                if first is not None and first != cur.next_lsn:
-                    # The log we followed ended unsealed where the next one does not begin:
-                    # its end was lost (a secondary detached mid-log, a power loss took bytes
-                    # we had read). Our history and the log's diverged: re-sync.
-                    yield from self._reset(
-                        f"log {seq} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
-                    )
-                    return
-                nxt = Cursor(seq, 0, 0, cur.next_lsn)
-                self._sealed = False
-            else:
+            nxt = dict(next_segments(cur, self._sealed)).get(n)
+            if nxt is None:
                 # Retention deleted the cursor's log (FileNotFoundError: a reset, see
                 # _poll_once); if it is still there, something is missing after it.
                 self.dest.size(F.segment_name(cur.log, cur.segment))
@@ -463,6 +467,17 @@ class Follower:
                     segment=n,
                     offset=0,
                 )
+            if nxt.log != cur.log:
+                first = None if self._sealed else first_lsn(self.dest, n)
+                if first is not None and first != cur.next_lsn:
+                    # The log we followed ended unsealed where the next one does not begin:
+                    # its end was lost (a secondary detached mid-log, a power loss took bytes
+                    # we had read). Our history and the log's diverged: re-sync.
+                    yield from self._reset(
+                        f"log {seq} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
+                    )
+                    return
+                self._sealed = False
             self._cursor = nxt
             more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
             yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
@@ -476,13 +491,6 @@ class Follower:
             yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
         else:
             self._at_end = True
-
-    def _first_lsn(self, name: str) -> int | None:
-        """The first LSN a segment's header names (None if damaged: the scan reports it)."""
-        try:
-            return parse_segment_header(self.dest.read(name, 0, F.SEGMENT_HEADER_SIZE)).first_lsn
-        except Damage:
-            return None
 
     def _scan(self, cur: Cursor, name: str, final: bool, more_segments: bool = False) -> Iterator[FollowedBatch]:
         self._at_end = False

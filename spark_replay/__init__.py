@@ -66,6 +66,11 @@ value         string     ``convention="resource"`` only: the value as JSON text 
 
 A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
 holding no log fails the read with :class:`persistlog.LogNotFoundError`.
+
+``spark.readStream.format("persistlog").load(url)`` follows the live log with the same
+columns and options, plus ``startingPosition`` (``restore``, ``earliest``, ``latest`` or a
+cursor), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``
+(``fail`` or ``restore``); its offsets are follower cursors (:mod:`spark_replay._stream`).
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ __all__ = [
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``spark.read.format("persistlog")`` available in this session (idempotent)."""
+    """Make ``spark.read.format("persistlog")`` and ``spark.readStream.format("persistlog")``
+    available in this session (idempotent)."""
     spark.dataSource.register(PersistLogDataSource)
 
 

@@ -4,6 +4,7 @@
 
     python -m spark_replay URL --out DIR [--as-of-lsn N | --as-of-time T]
                            [--convention resource|raw] [--storage-option K=V ...]
+    python -m spark_replay URL --out DIR --follow [--checkpoint DIR] [--trigger SECONDS]
     spark-submit --master yarn .../spark_replay/__main__.py URL --out s3a://bucket/replay
 
 Run with plain ``python`` it starts a local Spark (``local[*]``) with no configuration,
@@ -35,6 +36,7 @@ log = logging.getLogger("spark_replay")
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 class JobError(Exception):
@@ -78,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery", choices=("strict", "skip"), default="strict", help="strict (default): corruption fails the job; skip: pass over it and write _corrupt/")
     p.add_argument("--max-partition-bytes", metavar="BYTES", help="log bytes per task (default 128m)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out (else it is refused)")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep going: append every new record to OUT/events as a streaming query until "
+        "interrupted (Ctrl-C); rerunning resumes where it stopped",
+    )
+    p.add_argument("--checkpoint", metavar="DIR", help="--follow: the query's checkpoint (default OUT/_checkpoint)")
+    p.add_argument(
+        "--trigger", type=float, default=1.0, metavar="SECONDS", help="--follow: seconds between micro-batches (default 1)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="log errors only")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress, and show Spark's own log")
     return p
@@ -223,7 +235,7 @@ def _new_spark_log() -> str:
     return path
 
 
-_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|MissingDependencyError|ValueError|FileNotFoundError|PermissionError)): (.+)")
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|MissingDependencyError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
 
 
 def _explain(exc: BaseException) -> str:
@@ -342,6 +354,111 @@ def _advice(explained: str, url: str) -> str:
     return explained
 
 
+def check_follow_args(args: argparse.Namespace) -> None:
+    """Refuse what ``--follow`` cannot honour, before Spark starts."""
+    if not args.follow:
+        raise JobError("--checkpoint and --trigger are for --follow")
+    if args.as_of_lsn is not None or args.as_of_time or args.key or args.op:
+        raise JobError("--follow writes events/ only: state options (--as-of-*, --key, --op) are for a batch run")
+    if args.logs != "all" or args.recovery != "strict" or args.overwrite:
+        raise JobError("--follow takes neither --logs, --recovery skip nor --overwrite: it resumes from its checkpoint")
+    if not args.trigger > 0:
+        raise JobError(f"--trigger must be a positive number of seconds, not {args.trigger}")
+
+
+def _stop_between_batches(spark: Any, query: Any, wait: float = 30.0) -> None:
+    """Stop a query, after its micro-batch in flight if it ends within ``wait`` seconds.
+
+    Spark stops a query by interrupting it: a batch cut short is redone by the next run
+    (nothing is lost or written twice) but Spark logs the interruption with stack traces,
+    which are noise here, so its logging is off while it stops.
+    """
+    import time
+
+    deadline = time.monotonic() + wait
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    spark.sparkContext.setLogLevel("OFF")
+    query.stop()
+
+
+def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
+    """``--follow``: ``events/`` as a streaming query that appends every new record, from
+    the records a restore replays on, until interrupted. The checkpoint makes a rerun
+    resume after the last record written, with none twice."""
+    import json
+    import signal
+    import threading
+
+    storage_options = parse_storage_options(args.storage_option)
+    out = args.out.rstrip("/")
+    checkpoint = args.checkpoint or f"{out}/_checkpoint"
+    reader = spark.readStream.format("persistlog").option("convention", args.convention)
+    if storage_options:
+        reader = reader.option("storage_options", json.dumps(storage_options))
+    if args.max_partition_bytes:
+        reader = reader.option("max_partition_bytes", args.max_partition_bytes)
+    query = (
+        reader.load(args.url)
+        .writeStream.format("parquet")
+        .partitionBy("log_seq")
+        .option("path", f"{out}/events")
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{args.trigger} seconds")
+        .start()
+    )
+    stdout.write(f"following {args.url} into {out}/events (checkpoint {checkpoint}); Ctrl-C stops\n")
+    stdout.flush()
+    # Ctrl-C only raises a flag: an exception raised inside a call into the JVM (PySpark's
+    # own handler) breaks the connection mid-call and buries the stop in stack traces.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        while not interrupted.is_set() and not query.awaitTermination(0.5):
+            pass
+        if interrupted.is_set():
+            _stop_between_batches(spark, query)
+            stdout.write(f"stopped following {args.url}; rerun the same command to resume\n")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return EXIT_OK
+
+
+def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
+    """The job with ``--follow``: arguments checked before Spark starts, Spark's own log in
+    a file as for a batch run, failures in one line, an interrupted start-up stopped
+    without a trace."""
+    spark_log: str | None = None
+    keep_log = False
+    try:
+        check_follow_args(args)
+        session = spark
+        if session is None:
+            if not args.verbose:
+                spark_log = _new_spark_log()
+            session = _session(spark_log)
+        return follow(args, session, stdout)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return EXIT_INTERRUPTED
+    except (JobError, ValueError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return e.code if isinstance(e, JobError) else EXIT_USAGE
+    except Exception as e:
+        if not type(e).__module__.startswith(("pyspark", "py4j")):
+            raise
+        log.debug("Spark failure", exc_info=True)
+        explained = _advice(_explain(e), args.url)
+        if spark_log is not None:
+            keep_log = True
+            explained += f" (Spark's log: {spark_log})"
+        sys.stderr.write(f"error: {explained}\n")
+        return EXIT_FAILED
+    finally:
+        if spark_log is not None and not keep_log:
+            os.unlink(spark_log)
+
+
 def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | None = None) -> int:
     """Run the job; returns the exit status. ``spark`` reuses an existing session."""
     args = build_parser().parse_args(argv)
@@ -351,6 +468,9 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
             level=logging.INFO if args.verbose else logging.ERROR if args.quiet else logging.WARNING,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        logging.getLogger("py4j").setLevel(logging.WARNING)
+    if args.follow or args.checkpoint or args.trigger != 1.0:
+        return follow_main(args, spark, stdout)
     output: Output | None = None
     spark_log: str | None = None
     keep_log = False

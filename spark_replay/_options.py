@@ -55,10 +55,10 @@ class ReadOptions:
     view: str = "records"
 
     @classmethod
-    def parse(cls, options: Mapping[str, Any]) -> ReadOptions:
+    def parse(cls, options: Mapping[str, Any], ignore: frozenset[str] = frozenset()) -> ReadOptions:
         """Check ``options`` (case-insensitive names, string values); ``ValueError`` names
-        the first bad one."""
-        opts = {str(k).lower(): v for k, v in options.items()}
+        the first bad one. Names in ``ignore`` (lower case) are left to another parser."""
+        opts = {str(k).lower(): v for k, v in options.items() if str(k).lower() not in ignore}
         unknown = sorted(set(opts) - KNOWN)
         if unknown:
             raise ValueError(
@@ -123,15 +123,7 @@ def _count(opts: Mapping[str, Any], name: str) -> int:
 def _size(value: Any) -> int:
     if value is None or value == "":
         return DEFAULT_MAX_PARTITION_BYTES
-    m = _SIZE.match(str(value))
-    if m is None:
-        raise ValueError(
-            f"option max_partition_bytes must be a byte count such as 134217728 or 128m, not {value!r}"
-        )
-    size = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if size < MIN_PARTITION_BYTES:
-        raise ValueError(f"option max_partition_bytes must be at least {MIN_PARTITION_BYTES}, not {size}")
-    return size
+    return _byte_count("max_partition_bytes", value, MIN_PARTITION_BYTES)
 
 
 def _storage_options(value: Any) -> dict[str, Any]:
@@ -146,3 +138,61 @@ def _storage_options(value: Any) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ValueError("option storage_options must be a JSON object such as {\"key\": \"...\"}")
     return parsed
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+STARTING_POSITIONS = ("restore", "earliest", "latest")
+ON_RETENTION_GAP = ("fail", "restore")
+
+STREAM_KNOWN = frozenset({"startingposition", "maxrecordspertrigger", "maxbytespertrigger", "onretentiongap"})
+# What a stream chooses otherwise: where to start, and never passing damage over.
+BATCH_ONLY = ("logs", "from_lsn", "to_lsn", "view")
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What one ``spark.readStream.format("persistlog")`` was asked to follow."""
+
+    read: ReadOptions
+    #: ``restore``, ``earliest``, ``latest``, or a cursor (``log:segment:offset:next_lsn``
+    #: or its JSON object form).
+    starting_position: str = "restore"
+    max_records: int | None = None
+    max_bytes: int | None = None
+    on_retention_gap: str = "fail"
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> StreamOptions:
+        """Check ``options`` as :meth:`ReadOptions.parse` does, plus the streaming ones."""
+        opts = {str(k).lower(): v for k, v in options.items()}
+        given = [name for name in BATCH_ONLY if opts.get(name) not in (None, "")]
+        if given:
+            raise ValueError(
+                f"option(s) {given} are for batch reads; a stream starts where startingPosition "
+                "says (restore, earliest, latest or a cursor)"
+            )
+        if str(opts.get("recovery") or "strict").strip().lower() != "strict":
+            raise ValueError("a stream reads with recovery=strict: damage stops the query, it is never passed over")
+        read = ReadOptions.parse(opts, ignore=STREAM_KNOWN)
+        start = str(opts.get("startingposition") or "restore").strip()
+        if start.lower() in STARTING_POSITIONS:
+            start = start.lower()
+        max_bytes = opts.get("maxbytespertrigger")
+        return cls(
+            read=read,
+            starting_position=start,
+            max_records=_int_option(opts, "maxrecordspertrigger", "a positive integer", 1, "a positive integer"),
+            max_bytes=None if max_bytes in (None, "") else _byte_count("maxBytesPerTrigger", max_bytes, 1),
+            on_retention_gap=_choice(opts, "onretentiongap", ON_RETENTION_GAP),
+        )
+
+
+def _byte_count(name: str, value: Any, minimum: int) -> int:
+    m = _SIZE.match(str(value))
+    if m is None:
+        raise ValueError(f"option {name} must be a byte count such as 134217728 or 128m, not {value!r}")
+    size = int(m.group(1)) * _UNITS[m.group(2).lower()]
+    if size < minimum:
+        raise ValueError(f"option {name} must be at least {minimum}, not {size}")
+    return size

@@ -75,6 +75,9 @@ class LogPartition(InputPartition):
     convention: str
     view: str
     nbytes: int = 0
+    #: The range ends before the live end of its log (a stream's micro-batch): a batch
+    #: being written after ``end`` is not a torn tail.
+    tail_ok: bool = False
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.

@@ -6,10 +6,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from ._options import ReadOptions
+from ._options import STREAM_KNOWN, ReadOptions, StreamOptions
 from ._schema import ddl
 
 
@@ -28,11 +28,17 @@ class PersistLogDataSource(DataSource):
         return ReadOptions.parse(self.options)
 
     def schema(self) -> str:
-        opts = self._options()
+        # Asked for batch reads and streams alike; streamReader() checks the stream's options.
+        opts = ReadOptions.parse(self.options, ignore=STREAM_KNOWN)
         return ddl(opts.view, opts.convention)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return PersistLogReader(self._options())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from ._stream import PersistLogStreamReader
+
+        return PersistLogStreamReader(StreamOptions.parse(self.options))
 
 
 class PersistLogReader(DataSourceReader):

@@ -280,3 +280,14 @@ def test_async_kv_answers_many_connections_and_survives_kill_9(tmp_path: Path) -
         url, lambda r: state.__setitem__(r["key"], r["value"]) if r["op"] == "put" else state.pop(r["key"], None)
     )
     assert state == expected
+
+
+# -- live_table.py ------------------------------------------------------------------------
+
+
+def test_live_table_holds_every_record_once_across_a_restart(tmp_path: Path, run_example: Any) -> None:
+    proc = run_example("live_table.py", "--out", str(tmp_path), "--seconds", "8", timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "starting it again from" in proc.stdout
+    assert "every record exactly once: yes" in proc.stdout
+    assert "the table's state matches the store: yes" in proc.stdout

@@ -1,0 +1,256 @@
+"""The streaming reader of the ``persistlog`` source: ``spark.readStream.format("persistlog")``.
+
+Offsets are follower cursors (:class:`persistlog.Cursor`: log, segment, byte offset, next
+LSN) serialised as JSON, with the ``base_log`` of the next record, so a query restarted
+from its checkpoint resumes exactly after the last committed record and its rows carry the
+same ``base_log`` as if it had never stopped. The driver finds each micro-batch's end by
+walking batch headers (:mod:`spark_replay._tail`); the executors read the partitions with
+the batch source's reader, so rows, schema and options are the batch source's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from destinations import Destination, open_destination
+from persistlog._errors import LogNotFoundError, ResetRequired
+from persistlog._follower import Cursor
+
+from ._options import STARTING_POSITIONS, StreamOptions
+from ._plan import LogPartition, split_bytes
+from ._tail import Mark, Position, Tail, earliest_position, end_cursor, restore_position
+
+log = logging.getLogger("spark_replay")
+
+#: The key of the initial offset, which names where the stream starts (see initialOffset).
+STARTING = "startingPosition"
+
+
+class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver and reads them on the executors.
+
+    One instance lives on the driver for the life of a query (Spark keeps it in a Python
+    worker), so the destination stays open and the walk of the last micro-batch is kept
+    for planning its partitions. Executors get a copy without either.
+    """
+
+    def __init__(self, options: StreamOptions) -> None:
+        self.opts = options
+        self._dest: Destination | None = None
+        self._tail: Tail | None = None
+        self._walked: tuple[dict[str, Any], list[Mark]] | None = None
+        self._until: Cursor | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors only call read(): no live connection, no driver state.
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
+
+    @property
+    def tail(self) -> Tail:
+        if self._tail is None:
+            self._dest = open_destination(self.opts.read.url, **self.opts.read.storage_options)
+            self._tail = Tail(self._dest)
+        return self._tail
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        # Spark does not checkpoint where the first micro-batch starts: it asks again after
+        # a restart, when restore, earliest and latest mean other places. So the initial
+        # offset only names the choice; the first micro-batch (empty) moves to the place it
+        # means then, and that end is checkpointed.
+        where = self.opts.starting_position
+        if where not in STARTING_POSITIONS:
+            return Position(_parse_cursor(where)).offset()
+        if not self.tail.dest.exists():
+            # A mistyped path must not wait forever for a log that will never come.
+            raise LogNotFoundError(
+                f"no persistlog log at {self.opts.read.url} (the location does not exist); "
+                "check the path given to load()"
+            )
+        return {STARTING: where}
+
+    def _start(self, where: str) -> Position | None:
+        """Where ``restore``, ``earliest`` or ``latest`` is now (None: no log yet)."""
+        dest = self.tail.dest
+        if where == "restore":
+            return restore_position(dest)
+        if where == "earliest":
+            return earliest_position(dest)
+        if where == "latest":
+            return self.tail.latest_position()
+        raise ValueError(f"not a starting position: {where!r}")
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records is not None:
+            return ReadMaxRows(self.opts.max_records)
+        if self.opts.max_bytes is not None:
+            return ReadMaxBytes(self.opts.max_bytes)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        if STARTING in start:
+            first = self._start(str(start[STARTING]))
+            if first is None:
+                log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
+                return start
+            log.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])
+            return first.offset()
+        max_records = max_bytes = None
+        if not isinstance(limit, ReadAllAvailable):
+            # Spark passes the limit getDefaultReadLimit() made; both options apply.
+            max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records
+            max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
+        pos = Position.from_offset(start)
+        try:
+            marks = self.tail.walk(pos, max_records=max_records, max_bytes=max_bytes, until=self._until)
+        except ResetRequired as e:
+            if self.opts.on_retention_gap != "restore":
+                raise
+            return self._restore_after_gap(e)
+        if marks[-1].records == 0:
+            # Nothing to read (control batches only): no micro-batch.
+            return start
+        self._walked = (start, marks)
+        return marks[-1].position.offset()
+
+    def _restore_after_gap(self, gap: ResetRequired) -> dict[str, Any]:
+        restart = restore_position(self.tail.dest)
+        if restart is None:
+            raise gap
+        log.warning("%s; onRetentionGap=restore: continuing from log %d", gap, restart.cursor.log)
+        return replace(restart, restored=True).offset()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # No log yet: nothing to read (a log appearing later is after the start).
+        self._until = end_cursor(self.tail.dest) or Cursor(0, 0, 0, 0)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self._walked is not None and self._walked[0] != end and not _within(self._walked[1], end):
+            self._walked = None
+
+    def stop(self) -> None:
+        if self._dest is not None:
+            self._dest.close()
+        self._dest = self._tail = None
+
+    # -- planning and reading ---------------------------------------------------------------
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if STARTING in start or end.get("restored") or start == end:
+            return []
+        marks = self._marks(start, end)
+        return stream_partitions(marks, self.opts)
+
+    def _marks(self, start: dict[str, Any], end: dict[str, Any]) -> list[Mark]:
+        target = Position.from_offset(end)
+        if self._walked is not None and self._walked[0] == start:
+            marks = self._walked[1]
+        else:
+            # A restarted query plans the micro-batch its checkpoint left unfinished.
+            marks = self.tail.walk(Position.from_offset(start), until=target.cursor)
+        kept = [m for m in marks if _at_or_before(m.position.cursor, target.cursor)]
+        if not kept or kept[-1].position.cursor != target.cursor:
+            raise ResetRequired(
+                f"cannot read {self.opts.read.url} from cursor {Position.from_offset(start).cursor} "
+                f"to {target.cursor}: the log no longer holds that range"
+            )
+        return kept
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        from ._scan import read_records
+
+        assert isinstance(partition, LogPartition)
+        return read_records(partition)
+
+
+def _parse_cursor(value: str) -> Cursor:
+    import json
+
+    text = value.strip()
+    try:
+        if text.startswith("{"):
+            return Cursor.from_dict(json.loads(text))
+        return Cursor.parse(text)
+    except ValueError:
+        raise ValueError(
+            f"option startingPosition must be restore, earliest, latest or a cursor "
+            f"('log:segment:offset:next_lsn' or its JSON object), not {value!r}"
+        ) from None
+
+
+def _at_or_before(a: Cursor, b: Cursor) -> bool:
+    return (a.log, a.segment, a.offset) <= (b.log, b.segment, b.offset)
+
+
+def _within(marks: list[Mark], offset: dict[str, Any]) -> bool:
+    return any(m.position.offset() == offset for m in marks)
+
+
+def stream_partitions(marks: list[Mark], opts: StreamOptions) -> list[LogPartition]:
+    """Partitions of the range the marks span: per log, cut at marks about every
+    ``split_bytes`` (so at batch boundaries, as the batch source cuts), ranges without a
+    record left out."""
+    if len(marks) < 2:
+        return []
+    target = split_bytes(marks[-1].nbytes - marks[0].nbytes, opts.read)
+    parts: list[LogPartition] = []
+    i = 0
+    while i < len(marks) - 1:
+        seq = marks[i].position.cursor.log
+        j = i
+        while j + 1 < len(marks) and marks[j + 1].position.cursor.log == seq:
+            j += 1
+        a = i
+        for k in range(i + 1, j + 1):
+            if k == j or marks[k].nbytes - marks[a].nbytes >= target:
+                if marks[k].records > marks[a].records:
+                    parts.append(_partition(marks, a, k, opts))
+                a = k
+        i = j + 1
+    return parts
+
+
+def _partition(marks: list[Mark], a: int, b: int, opts: StreamOptions) -> LogPartition:
+    first, last = marks[a].position, marks[b].position
+    seq = first.cursor.log
+    base_from: int | None = None
+    if first.base == seq:
+        base_from = 0
+    else:
+        base_from = next((m.complete_lsn for m in marks[a + 1: b + 1] if m.complete_lsn is not None), None)
+    ro = opts.read
+    return LogPartition(
+        url=ro.url,
+        storage_options=ro.storage_options,
+        seq=seq,
+        last_segment=last.cursor.segment,
+        missing=(),
+        start=(first.cursor.segment, first.cursor.offset, first.cursor.next_lsn),
+        end=(last.cursor.segment, last.cursor.offset),
+        next_log_lsn=None,
+        base_from=base_from,
+        prev_base=first.base,
+        from_lsn=None,
+        to_lsn=None,
+        recovery="strict",
+        convention=ro.convention,
+        view="records",
+        nbytes=marks[b].nbytes - marks[a].nbytes,
+        tail_ok=True,
+    )

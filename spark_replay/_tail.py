@@ -1,0 +1,397 @@
+"""Following a log on the driver of a streaming query: where the records are, not what they say.
+
+The driver decides where each micro-batch ends and splits it into partitions; the executors
+read those with the batch source's reader. Deciding needs the batch boundaries and their
+LSNs, so the driver walks batch headers only. Payloads are read for control batches alone,
+which are small: a snapshot-complete marker changes ``base_log``, a seal ends the log.
+
+New segments and logs are found as a follower finds them
+(:func:`persistlog._follower.next_segments`), but by asking for the names that may come
+next rather than by listing: an idle poll costs a size check of a growing local segment and
+two ``HEAD`` requests on an object store (whose objects never change, so their sizes are
+remembered), never a ``LIST``. A listing happens only when the cursor's segment is gone,
+to say what retention left.
+
+The end of a live local segment may hold a batch being written: the walk waits for it. Once
+a later segment or log exists that end is final, and the follower's rules decide between a
+torn tail (dropped, as restore drops it) and corruption (raised).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from destinations import Destination
+from persistlog import _format as F
+from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
+from persistlog._errors import CorruptLogError, ResetRequired
+from persistlog._follower import Cursor, first_lsn, next_segments
+from persistlog._reader import LogScanner, SegmentBytes, list_logs
+from persistlog._restore import plan as restore_plan
+
+log = logging.getLogger("spark_replay")
+
+# Reads while walking headers: small, since most of a window is payload we skip.
+WALK_CHUNK = 64 * 1024
+# A walk remembers a batch boundary at least this often, for cutting partitions.
+MARK_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Position:
+    """A stream offset: the follower cursor of the next record, and what the rows after it
+    need to know about the history before it.
+
+    ``base`` is the ``base_log`` of the next record (the newest log of the stream whose
+    snapshot was complete by then); ``sealed`` says the cursor's log ended there;
+    ``restored`` marks where a stream continued after a retention gap.
+    """
+
+    cursor: Cursor
+    base: int | None = None
+    sealed: bool = False
+    restored: bool = False
+
+    def offset(self) -> dict[str, Any]:
+        """The JSON object Spark checkpoints."""
+        d: dict[str, Any] = self.cursor.to_dict()
+        if self.base is not None:
+            d["base_log"] = self.base
+        if self.sealed:
+            d["sealed"] = True
+        if self.restored:
+            d["restored"] = True
+        return d
+
+    @classmethod
+    def from_offset(cls, offset: dict[str, Any]) -> Position:
+        base = offset.get("base_log")
+        return cls(
+            Cursor.from_dict(offset),
+            None if base is None else int(base),
+            bool(offset.get("sealed")),
+            bool(offset.get("restored")),
+        )
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A batch boundary a walk passed, with the log bytes and records walked up to it."""
+
+    position: Position
+    nbytes: int
+    records: int
+    #: Set right after a snapshot-complete marker: the LSN from which rows of this log
+    #: have ``base_log`` equal to the log.
+    complete_lsn: int | None = None
+
+
+@dataclass
+class _Limits:
+    records: int | None = None
+    nbytes: int | None = None
+    #: Walk no further than this cursor (the end of a planned micro-batch, or the end of
+    #: the data when ``Trigger.AvailableNow`` started).
+    until: Cursor | None = None
+
+    def beyond(self, seq: int, segment: int, offset: int) -> bool:
+        u = self.until
+        return u is not None and (seq, segment, offset) >= (u.log, u.segment, u.offset)
+
+
+class _Stop(Exception):
+    """A limit was reached: the walk ends at the last mark."""
+
+
+def log_start(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> Position:
+    """The position before the first record of log ``seq``. The first log ever holds the
+    whole history, so its rows can rebuild the state from the start."""
+    number, name = segments[0]
+    if number != 0:
+        raise CorruptLogError(f"log starts at segment {number}, segment 0 is missing", destination=dest.url, log=seq, segment=name)
+    first = first_lsn(dest, name)
+    if first is None:
+        raise CorruptLogError("damaged segment header", destination=dest.url, log=seq, segment=name, offset=0)
+    return Position(Cursor(seq, 0, 0, first), seq if first == F.FIRST_LSN else None)
+
+
+def restore_position(dest: Destination) -> Position | None:
+    """Where a restore starts: the newest complete log (None: no log yet)."""
+    p = restore_plan(dest)
+    if p.start is None:
+        return None
+    return log_start(dest, p.start, p.logs[p.start])
+
+
+def earliest_position(dest: Destination) -> Position | None:
+    """The start of the oldest retained log (None: no log yet)."""
+    logs = list_logs(dest)
+    if not logs:
+        return None
+    seq = min(logs)
+    return log_start(dest, seq, logs[seq])
+
+
+def end_cursor(dest: Destination) -> Cursor | None:
+    """The end of the data now: the size of the newest log's last segment (its LSN unknown,
+    so 0); None when there is no log."""
+    logs = list_logs(dest)
+    if not logs:
+        return None
+    seq = max(logs)
+    number, name = logs[seq][-1]
+    return Cursor(seq, number, dest.size(name), 0)
+
+
+class Tail:
+    """Walks a destination's logs forward from a :class:`Position`."""
+
+    def __init__(self, dest: Destination) -> None:
+        self.dest = dest
+        # Objects never change once written: a size seen is a size forever.
+        self._object_sizes: dict[str, int] = {}
+
+    def latest_position(self) -> Position | None:
+        """The end of the newest log as it is now (None: no log yet)."""
+        logs = list_logs(self.dest)
+        if not logs:
+            return None
+        seq = max(logs)
+        number, name = logs[seq][-1]
+        first = first_lsn(self.dest, name)
+        if first is None:
+            raise CorruptLogError("damaged segment header", destination=self.dest.url, log=seq, segment=name, offset=0)
+        end = self.walk(Position(Cursor(seq, number, 0, first)))[-1].position
+        # The stream holds none of the history before this point: no row of it can
+        # rebuild the state from a log, whatever markers the walk passed.
+        return replace(end, base=None)
+
+    def walk(
+        self,
+        start: Position,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        until: Cursor | None = None,
+    ) -> list[Mark]:
+        """The marks from ``start`` (the first mark) to as far as the data and the limits
+        go. At least one record batch is taken whatever the limits, so that a stream always
+        moves. Raises :class:`ResetRequired` when retention deleted what ``start`` needs."""
+        limits = _Limits(max_records, max_bytes, until)
+        marks = [Mark(start, 0, 0)]
+        pos = start
+        try:
+            while True:
+                nxt = self._walk_segment(pos, marks, limits)
+                if nxt is None:
+                    break
+                u = limits.until
+                if u is not None and (nxt.cursor.log, nxt.cursor.segment) > (u.log, u.segment):
+                    break
+                pos = nxt
+                marks.append(Mark(pos, marks[-1].nbytes, marks[-1].records))
+        except _Stop:
+            pass
+        return marks
+
+    # -- one segment ----------------------------------------------------------------------
+
+    def _walk_segment(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
+        """Walk the rest of the cursor's segment, appending marks; return the position at
+        the start of the segment that follows, if there is one yet."""
+        cur = pos.cursor
+        name = F.segment_name(cur.log, cur.segment)
+        # Look for what follows before sizing this segment: a successor seen now means
+        # the size read next holds every record of this segment.
+        following = self._following(pos)
+        if pos.sealed and following is not None:
+            return self._enter(pos, following)
+        try:
+            size = self._size(name, cur)
+        except FileNotFoundError:
+            return self._after_gap(pos)
+        end, damaged = self._batches(pos, name, size, marks, limits)
+        # Objects never grow: what the walk could not take there is never "in progress".
+        if end < size and (following is not None or damaged or not self.dest.appendable):
+            if self._check_rest(marks[-1].position.cursor, name, final=following is not None):
+                return None  # a batch landed as the walk read: walk it at the next poll
+        if following is None:
+            return None
+        return self._enter(marks[-1].position, following)
+
+    def _following(self, pos: Position) -> tuple[str, Cursor] | None:
+        for name, cursor in next_segments(pos.cursor, pos.sealed):
+            try:
+                self._size(name, cursor)
+            except FileNotFoundError:
+                continue
+            return name, cursor
+        return None
+
+    def _size(self, name: str, cur: Cursor) -> int:
+        if self.dest.appendable:
+            size = self.dest.size(name)
+        else:
+            size = self._object_sizes.get(name, -1)
+            if size < 0:
+                size = self.dest.size(name)
+                if len(self._object_sizes) > 64:
+                    self._object_sizes.clear()
+                self._object_sizes[name] = size
+        if cur.offset > size:
+            raise ResetRequired(
+                f"cannot follow {self.dest.url} from cursor {cur}: it is past the end of {name} ({size} bytes)"
+            )
+        return size
+
+    def _enter(self, pos: Position, following: tuple[str, Cursor]) -> Position:
+        """The position at the start of the following segment, after the chain check."""
+        name, nxt = following
+        cur = pos.cursor
+        if nxt.log != cur.log and not pos.sealed:
+            first = first_lsn(self.dest, name)
+            if first is not None and first != cur.next_lsn:
+                raise CorruptLogError(
+                    f"log {nxt.log} starts at LSN {first}, but log {cur.log} ends at LSN {cur.next_lsn} "
+                    "(its end was lost: the stream cannot continue without a gap)",
+                    destination=self.dest.url, log=nxt.log, segment=name, offset=0,
+                )
+        return Position(replace(nxt, next_lsn=cur.next_lsn), pos.base)
+
+    def _batches(
+        self, pos: Position, name: str, size: int, marks: list[Mark], limits: _Limits
+    ) -> tuple[int, bool]:
+        """Walk batch headers from the cursor to ``size``; return where the walk stopped and
+        whether it stopped at something other than a batch not fully written yet."""
+        cur = pos.cursor
+        seq, number = cur.log, cur.segment
+        data = SegmentBytes(self.dest, name, size, chunk=WALK_CHUNK)
+        p, next_lsn, base, sealed = cur.offset, cur.next_lsn, pos.base, pos.sealed
+        if sealed:
+            return size, False
+        try:
+            if p == 0:
+                if size < F.SEGMENT_HEADER_SIZE:
+                    return 0, False
+                self._check_segment_header(data, seq, number, next_lsn, name)
+                p = F.SEGMENT_HEADER_SIZE
+            kept_bytes, tentative = marks[-1].nbytes, False
+            while p < size:
+                if limits.beyond(seq, number, p):
+                    raise _Stop
+                header = parse_batch_header(data.get(p, F.BATCH_HEADER_SIZE), p)
+                if p + header.size > size:
+                    return p, False
+                if header.first_lsn != next_lsn:
+                    raise CorruptLogError(
+                        f"batch starts at LSN {header.first_lsn}, expected {next_lsn}",
+                        destination=self.dest.url, log=seq, segment=name, offset=p,
+                    )
+                complete = False
+                if header.kind == F.KIND_CONTROL:
+                    raw = check_payload(header, data.get(p + F.BATCH_HEADER_SIZE, header.stored_len), p)
+                    kinds = {c["t"] for c in control_records(header, raw, p)}
+                    complete = F.CONTROL_COMPLETE in kinds and base != seq
+                    sealed = F.CONTROL_SEAL in kinds
+                    records = 0
+                else:
+                    records = header.count
+                    taken = marks[-1].records - marks[0].records
+                    if taken and (
+                        (limits.records is not None and taken + records > limits.records)
+                        or (limits.nbytes is not None and marks[-1].nbytes + header.size > limits.nbytes)
+                    ):
+                        raise _Stop
+                p += header.size
+                next_lsn += header.lsn_count
+                if complete:
+                    base = seq
+                at = Position(Cursor(seq, number, p, next_lsn), base, sealed)
+                mark = Mark(at, marks[-1].nbytes + header.size, marks[-1].records + records,
+                            header.first_lsn - 1 if complete else None)
+                # marks[-1] is always where the walk stands. Boundaries are kept now and
+                # then (partitions are cut there), and after every marker.
+                if tentative and not (complete or sealed) and mark.nbytes - kept_bytes < MARK_BYTES:
+                    marks[-1] = mark
+                else:
+                    if tentative:
+                        kept_bytes = marks[-1].nbytes
+                    marks.append(mark)
+                    tentative = not (complete or sealed)
+                    if not tentative:
+                        kept_bytes = mark.nbytes
+                if sealed:
+                    return size, False
+        except Damage as d:
+            return p, not d.torn_shape
+        return p, False
+
+    def _check_segment_header(self, data: SegmentBytes, seq: int, number: int, next_lsn: int, name: str) -> None:
+        try:
+            sh = parse_segment_header(data.get(0, F.SEGMENT_HEADER_SIZE))
+        except Damage as d:
+            raise CorruptLogError(d.reason, destination=self.dest.url, log=seq, segment=name, offset=0) from None
+        if sh.seq != seq or sh.segment != number:
+            raise CorruptLogError(
+                f"segment header says log {sh.seq} segment {sh.segment}",
+                destination=self.dest.url, log=seq, segment=name, offset=0,
+            )
+        if sh.first_lsn != next_lsn:
+            raise CorruptLogError(
+                f"segment starts at LSN {sh.first_lsn}, expected {next_lsn}",
+                destination=self.dest.url, log=seq, segment=name, offset=0,
+            )
+
+    def _check_rest(self, cur: Cursor, name: str, *, final: bool) -> bool:
+        """Classify what the header walk could not take, by the follower's rules: a write
+        in progress (waited for), a torn tail of a segment that became final (dropped), or
+        corruption (raised). True when a whole batch is there now."""
+        following = [n for n, _ in next_segments(cur, False)]
+        more = final and self._exists(following[0])
+        scanner = LogScanner(
+            self.dest, cur.log, [(cur.segment, name)],
+            start=(cur.segment, cur.offset, cur.next_lsn),
+            tail_ok=not final and self.dest.appendable,
+            more_segments=more,
+        )
+        for _batch in scanner:
+            return True
+        torn = scanner.state.torn
+        if torn is not None:
+            log.warning("dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
+                        self.dest.url, cur.log, torn.length, torn.segment, torn.offset, torn.reason)
+        return False
+
+    def _exists(self, name: str) -> bool:
+        try:
+            self.dest.size(name)
+        except FileNotFoundError:
+            return False
+        return True
+
+    # -- retention --------------------------------------------------------------------------
+
+    def _after_gap(self, pos: Position) -> Position | None:
+        """The cursor's segment is gone. Nothing is lost if the next log starts exactly
+        where the cursor stands; anything else is a gap."""
+        cur = pos.cursor
+        logs = list_logs(self.dest)
+        if cur.log + 1 in logs and cur.log not in logs:
+            name = F.segment_name(cur.log + 1, 0)
+            if first_lsn(self.dest, name) == cur.next_lsn:
+                return Position(Cursor(cur.log + 1, 0, 0, cur.next_lsn), pos.base)
+        if logs:
+            oldest = min(logs)
+            first = first_lsn(self.dest, F.segment_name(oldest, 0))
+            left = f"the oldest log left is {oldest}" + (f", from LSN {first}" if first is not None else "")
+        else:
+            left = "no log is left"
+        raise ResetRequired(
+            f"cannot resume the stream of {self.dest.url} from cursor {cur}: log {cur.log} segment "
+            f"{cur.segment} is gone (deleted by retention) and {left}, so records from LSN "
+            f"{cur.next_lsn} on are missing. Set option onRetentionGap=restore to continue from "
+            "the newest complete log (its rows rebuild the state), or start a new query with "
+            "startingPosition=restore."
+        )

@@ -1,0 +1,388 @@
+"""The streaming reader driven as Spark drives it, without Spark: offsets, admission control,
+partitions and the reads of each partition (partitions and the reader go through a pickle
+round trip, as they do to reach executors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from srhelpers import batch_spans, flip_byte, segment_paths, unseal
+
+import persistlog
+import persistlog._format
+from persistlog._errors import CorruptLogError, LogNotFoundError, ResetRequired
+from spark_replay._options import StreamOptions
+from spark_replay._schema import arrow_schema
+from spark_replay._stream import PersistLogStreamReader
+
+
+def stream_reader(url: str, **options: Any) -> PersistLogStreamReader:
+    return PersistLogStreamReader(StreamOptions.parse({"path": url, **{k: str(v) for k, v in options.items()}}))
+
+
+def micro_batch(reader: PersistLogStreamReader, start: dict[str, Any], limit: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """One trigger: the end offset, the rows of the micro-batch and its partition count."""
+    end = reader.latestOffset(start, limit or reader.getDefaultReadLimit())
+    # Offsets are JSON in Spark's checkpoint: they must survive the round trip unchanged.
+    assert json.loads(json.dumps(end)) == end
+    parts = [pickle.loads(pickle.dumps(p)) for p in reader.partitions(start, end)]
+    executor = pickle.loads(pickle.dumps(reader))
+    batches = [b for p in parts for b in executor.read(p)]
+    schema = arrow_schema("records", reader.opts.read.convention)
+    rows = pa.Table.from_batches(batches, schema=schema).to_pylist() if batches else []
+    reader.commit(end)
+    return end, rows, len(parts)
+
+
+def first_position(reader: PersistLogStreamReader) -> dict[str, Any]:
+    """Where the stream starts: the end of its first micro-batch, which moves (reading
+    nothing) from the initial offset to the place ``startingPosition`` means now."""
+    initial = reader.initialOffset()
+    end, rows, parts = micro_batch(reader, initial)
+    assert rows == [] and parts == 0
+    return end
+
+
+def drain(reader: PersistLogStreamReader, start: dict[str, Any], limit: Any = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Triggers until nothing is new; every row, in order."""
+    rows: list[dict[str, Any]] = []
+    while True:
+        end, got, _ = micro_batch(reader, start, limit)
+        if end == start:
+            return end, rows
+        rows += got
+        start = end
+
+
+class Store:
+    """A ResourceStore writing ``n`` puts at a time, each its own batch."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self.url = url
+        self.store = persistlog.ResourceStore.open(url, rotate_bytes=None, **options)
+        self.n = 0
+
+    def put(self, n: int) -> None:
+        for _ in range(n):
+            self.store[f"k{self.n % 17}"] = {"n": self.n}
+            self.n += 1
+            self.store.log.sync()
+
+    def put_rotate_put(self, before: int, after: int) -> Store:
+        self.put(before)
+        self.store.log.rotate()
+        self.put(after)
+        return self
+
+    @property
+    def last_lsn(self) -> int:
+        return int(self.store.log.next_lsn) - 1
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def lsns(rows: list[dict[str, Any]]) -> list[int]:
+    return [r["lsn"] for r in rows]
+
+
+def test_restore_then_every_new_record_across_rotations_and_a_restart(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url).put_rotate_put(30, 10)
+    reader = stream_reader(url, convention="resource")
+    start = first_position(reader)
+    # restore: from the newest complete log, which a rotation just made.
+    assert start["log"] == 2
+    end, rows = drain(reader, start)
+    first = rows[0]["lsn"]
+    w.put(5)
+    w.store.log.rotate()
+    w.put(7)
+    # A restarted query: a fresh reader, the checkpointed offset.
+    reader = stream_reader(url, convention="resource")
+    end, more = drain(reader, end)
+    rows += more
+    assert lsns(rows) == list(range(first, w.last_lsn + 1))
+    assert {r["log_seq"] for r in rows} == {2, 3}
+    # base_log: null during log 2's enumeration, then the log whose snapshot is complete.
+    assert rows[0]["base_log"] is None and rows[-1]["base_log"] == 3
+    w.close()
+
+
+def test_starting_positions(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url).put_rotate_put(10, 5)
+    earliest = stream_reader(url, startingPosition="earliest")
+    _, rows = drain(earliest, earliest.initialOffset())
+    assert lsns(rows) == list(range(1, w.last_lsn + 1))
+    assert all(r["base_log"] == 1 for r in rows if r["log_seq"] == 1)  # the first log ever
+    latest = stream_reader(url, startingPosition="latest")
+    at = first_position(latest)
+    assert drain(latest, at)[1] == []
+    before = w.last_lsn
+    w.put(3)
+    got = drain(latest, at)[1]
+    assert lsns(got) == [before + 1, before + 2, before + 3]
+    # The stream holds none of log 2's snapshot: its rows cannot rebuild a state.
+    assert {r["base_log"] for r in got} == {None}
+    cursor = f"{at['log']}:{at['segment']}:{at['offset']}:{at['next_lsn']}"
+    for given in (cursor, json.dumps({k: at[k] for k in ("log", "segment", "offset", "next_lsn")})):
+        r = stream_reader(url, startingPosition=given)
+        assert r.initialOffset() == at  # a cursor is a place already
+        assert lsns(drain(r, r.initialOffset())[1]) == [before + 1, before + 2, before + 3]
+    with pytest.raises(ValueError, match="startingPosition"):
+        stream_reader(url, startingPosition="yesterday").initialOffset()
+    w.close()
+
+
+@pytest.mark.parametrize("where", ["latest", "restore", "earliest"])
+def test_a_query_restarted_before_its_first_commit_starts_where_it_first_did(tmp_path: Any, where: str) -> None:
+    # Spark checkpoints where micro-batches end, not where the first one starts: after a
+    # restart it asks for the initial offset again, when the log has moved on.
+    url = str(tmp_path / "log")
+    w = Store(url)
+    w.put(3)
+    reader = stream_reader(url, startingPosition=where)
+    initial = reader.initialOffset()
+    begun = reader.latestOffset(initial, ReadAllAvailable())
+    w.put(2)
+    end = reader.latestOffset(begun, ReadAllAvailable())
+    rows = [r for p in reader.partitions(begun, end) for b in reader.read(p) for r in b.to_pylist()]
+    w.store.log.rotate()  # restore, earliest and latest now mean other places
+    again = stream_reader(url, startingPosition=where)
+    assert again.initialOffset() == initial and again.partitions(initial, begun) == []
+    assert [r for p in again.partitions(begun, end) for b in again.read(p) for r in b.to_pylist()] == rows
+    assert rows
+    w.close()
+
+
+def test_a_stream_waits_for_the_first_log(tmp_path: Any) -> None:
+    with pytest.raises(LogNotFoundError, match="does not exist"):
+        stream_reader(str(tmp_path / "mistyped")).initialOffset()
+    url = str(tmp_path / "log")
+    os.mkdir(url)  # a service about to write its first log
+    reader = stream_reader(url)
+    start = reader.initialOffset()
+    assert micro_batch(reader, start)[0] == start
+    w = Store(url)
+    w.put(4)
+    end, rows, _ = micro_batch(reader, start)
+    assert rows == [] and end != start  # an empty micro-batch moves to the log's start
+    assert lsns(drain(reader, end)[1]) == [1, 2, 3, 4]
+    w.close()
+
+
+@pytest.mark.parametrize("limit", ["records", "bytes"])
+def test_admission_control(tmp_path: Any, limit: str) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url)
+    w.put(60)
+    if limit == "records":
+        reader = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=7)
+        assert reader.getDefaultReadLimit() == ReadMaxRows(7)
+    else:
+        reader = stream_reader(url, startingPosition="earliest", maxBytesPerTrigger=1000)
+        assert reader.getDefaultReadLimit() == ReadMaxBytes(1000)
+    start = first_position(reader)
+    sizes, rows = [], []
+    while True:
+        end, got, _ = micro_batch(reader, start)
+        if end == start:
+            break
+        sizes.append(len(got))
+        rows += got
+        start = end
+    assert lsns(rows) == list(range(1, 61))
+    if limit == "records":
+        assert sizes == [7] * 8 + [4]
+    else:
+        assert 1 < len(sizes) < 60 and max(sizes) < 60
+    # Spark asks for everything (Trigger.AvailableNow, ReadAllAvailable): the limit is off.
+    reader = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=7)
+    assert len(micro_batch(reader, first_position(reader), ReadAllAvailable())[1]) == 60
+    w.close()
+
+
+def test_trigger_available_now_reads_what_exists_when_the_query_starts(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, segment_bytes=4096)
+    w.put(40)
+    reader = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=9)
+    start = reader.initialOffset()
+    reader.prepareForTriggerAvailableNow()
+    last = w.last_lsn
+    w.put(10)  # after the start: not for this run
+    w.store.log.rotate()
+    assert lsns(drain(reader, start)[1]) == list(range(1, last + 1))
+    w.close()
+
+
+def test_a_micro_batch_is_split_at_batch_boundaries(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
+    for i in range(3000):
+        lg.update({"i": i, "pad": os.urandom(1000).hex()}, sync=i % 10 == 9)
+    lg.close()
+    reader = stream_reader(url, startingPosition="earliest", max_partition_bytes="1m")
+    end, rows, parts = micro_batch(reader, first_position(reader))
+    assert parts >= 3  # over 3 MiB of log at 1 MiB a partition
+    assert lsns(rows) == list(range(1, 3001))
+    assert micro_batch(reader, end)[0] == end
+
+
+def test_retention_gap_fails_naming_the_cursor_and_the_option(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, retain=1)
+    w.put(5)
+    reader = stream_reader(url, startingPosition="earliest")
+    start = reader.initialOffset()
+    end, rows = drain(reader, start)
+    w.put(3)  # read by nobody: the query is down while retention deletes log 1
+    for _ in range(3):
+        w.store.log.rotate()
+    w.put(2)
+    cursor = f"{end['log']}:{end['segment']}:{end['offset']}:{end['next_lsn']}"
+    restarted = stream_reader(url, startingPosition="earliest")
+    with pytest.raises(ResetRequired) as e:
+        restarted.latestOffset(end, ReadAllAvailable())
+    assert cursor in str(e.value) and "onRetentionGap=restore" in str(e.value)
+    assert "LSN 6" in str(e.value)
+    # Opting in: the stream goes on from the newest complete log, whose rows rebuild the state.
+    lenient = stream_reader(url, onRetentionGap="restore", convention="resource")
+    jump = lenient.latestOffset(end, ReadAllAvailable())
+    assert jump["restored"] and jump["log"] == 4
+    assert lenient.partitions(end, jump) == []
+    rows = drain(lenient, jump)[1]
+    assert {r["log_seq"] for r in rows} == {4} and rows[-1]["lsn"] == w.last_lsn
+    w.close()
+
+
+def test_a_stream_after_its_log_was_deleted_whole_goes_on_when_nothing_is_missing(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, retain=1)
+    w.put(5)
+    w.store.log.rotate()
+    reader = stream_reader(url, startingPosition="earliest")
+    end, rows = drain(reader, reader.initialOffset())
+    assert end["log"] == 2
+    w.store.log.rotate()  # log 3 starts where the cursor stands; retention deletes log 2
+    w.put(2)
+    assert not os.path.exists(os.path.join(url, persistlog._format.segment_name(2, 0)))
+    more = drain(stream_reader(url), end)[1]
+    assert lsns(more) == list(range(end["next_lsn"], w.last_lsn + 1))
+    w.close()
+
+
+class CountingList:
+    """Counts the listings a destination serves (the calls that cost a LIST remotely)."""
+
+    def __init__(self, dest: Any) -> None:
+        self.calls = 0
+        self._list = dest.list
+        dest.list = self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[str]:
+        self.calls += 1
+        return self._list(*args, **kwargs)  # type: ignore[no-any-return]
+
+
+def test_idle_and_growing_polls_never_list_locally(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, segment_bytes=4096)
+    w.put(5)
+    reader = stream_reader(url)
+    end, _ = drain(reader, reader.initialOffset())
+    lists = CountingList(reader.tail.dest)
+    for _ in range(20):
+        assert micro_batch(reader, end)[0] == end
+    w.put(100)  # new segments
+    w.store.log.rotate()  # a new log
+    w.put(3)
+    end, rows = drain(reader, end)
+    assert len(rows) >= 103 and rows[-1]["lsn"] == w.last_lsn
+    assert lists.calls == 0
+    w.close()
+
+
+def test_idle_polls_on_s3_send_no_list(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
+    url = f"s3://{s3_bucket}/app/log"
+    so = {"storage_options": json.dumps(s3_storage_options)}
+    w = Store(url, storage_options=s3_storage_options)
+    w.put(5)
+    reader = stream_reader(url, **so)
+    end, _ = drain(reader, reader.initialOffset())
+    stats = reader.tail.dest.stats  # type: ignore[attr-defined]
+    before = stats()
+    for _ in range(10):
+        assert micro_batch(reader, end)[0] == end
+    idle = {k: v - before[k] for k, v in stats().items()}
+    assert idle["LIST"] == 0 and idle["GET"] == 0
+    assert idle["HEAD"] <= 2 * 10  # the next segment and the next log, per poll
+    w.put(6)  # six segment objects
+    w.store.log.rotate()
+    w.put(2)
+    before = stats()
+    end, rows = drain(reader, end)
+    assert rows[-1]["lsn"] == w.last_lsn and len(rows) >= 8
+    assert stats()["LIST"] == before["LIST"]
+    w.close()
+
+
+def closed_log(url: str, n: int) -> str:
+    """A store of ``n`` puts, closed; the path of its last segment."""
+    w = Store(url)
+    w.put(n)
+    w.close()
+    return segment_paths(url)[-1]
+
+
+def test_a_torn_tail_is_waited_on_then_dropped_when_a_new_log_follows(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    last = closed_log(url, 6)
+    unseal(last)  # as if the writer had died ...
+    with open(last, "rb") as f:
+        data = f.read()
+    offset, size, _kind = batch_spans(last)[-1]
+    with open(last, "ab") as f:
+        f.write(data[offset: offset + size // 2])  # ... halfway through a batch
+    reader = stream_reader(url, startingPosition="earliest")
+    end, rows = drain(reader, reader.initialOffset())
+    assert lsns(rows) == list(range(1, 7))
+    w = Store(url)  # restores (dropping the torn tail) and starts log 2 at LSN 7
+    w.put(2)
+    more = drain(reader, end)[1]
+    assert lsns(more) == list(range(7, w.last_lsn + 1))
+    w.close()
+
+
+def test_damage_in_the_middle_of_a_segment_fails_the_stream(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    path = closed_log(url, 6)
+    offset, _size, _kind = batch_spans(path)[3]
+    flip_byte(path, offset + 20)
+    reader = stream_reader(url, startingPosition="earliest")
+    with pytest.raises(CorruptLogError) as e:
+        drain(reader, reader.initialOffset())
+    assert (e.value.segment, e.value.offset) == (os.path.basename(path), offset)
+
+
+def test_a_restarted_query_plans_the_micro_batch_its_checkpoint_left_unfinished(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, segment_bytes=4096).put_rotate_put(40, 30)
+    first = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=50, max_partition_bytes="64k")
+    start = first_position(first)
+    end, rows, _ = micro_batch(first, start)
+    # The query died after checkpointing [start, end) but before committing it: a new
+    # driver plans the same range without having walked it.
+    again = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=50, max_partition_bytes="64k")
+    parts = again.partitions(start, end)
+    redone = [r for p in parts for b in again.read(p) for r in b.to_pylist()]
+    assert redone == rows and 0 < len(rows) <= 50
+    w.close()
