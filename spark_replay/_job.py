@@ -474,13 +474,16 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
     output: Output | None = None
     spark_log: str | None = None
     keep_log = False
+    own: Any = None  # the session this call started, if any
     try:
         prepared = prepare(args)
         output = prepared[1]
         if spark is None and not args.verbose:
             spark_log = _new_spark_log()
         try:
-            summary = run(args, spark or _session(spark_log), stdout, prepared)
+            if spark is None:
+                spark = own = _session(spark_log)
+            summary = run(args, spark, stdout, prepared)
             output.commit()
         except Exception as e:
             if not type(e).__module__.startswith(("pyspark", "py4j")):
@@ -499,6 +502,10 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
         sys.stderr.write(f"error: {e}\n")
         return EXIT_USAGE
     finally:
+        if own is not None:
+            # Before a failed run's partial output is removed: the failed write's other
+            # tasks may still be running, and one could write into it again afterwards.
+            own.stop()
         if output is not None:
             output.discard()
         if spark_log is not None and not keep_log:
