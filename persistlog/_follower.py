@@ -115,6 +115,14 @@ def next_segments(cur: Cursor, sealed: bool) -> list[tuple[str, Cursor]]:
     return after
 
 
+def gap_closed(dest: Destination, seq: int) -> bool:
+    """Whether a reader stopped before log ``seq``, which follows a gap its writer declared,
+    can re-sync: a log from ``seq`` on is complete (CURRENT names it). Until then nothing
+    after the gap rebuilds a state, so there is nothing newer to read."""
+    pointer = read_pointer(dest)
+    return pointer is not None and pointer >= seq
+
+
 def first_lsn(dest: Destination, name: str) -> int | None:
     """The first LSN a segment's header names (None if damaged: a scan reports it)."""
     try:
@@ -486,8 +494,7 @@ class Follower:
         """Log ``seq`` follows a gap its writer left here (a secondary that was detached or
         behind): our history cannot go on into it. Re-sync once a log from it on is
         complete (CURRENT names it); until then there is nothing newer to apply."""
-        pointer = read_pointer(self.dest)
-        if pointer is not None and pointer >= seq:
+        if gap_closed(self.dest, seq):
             yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
         else:
             self._at_end = True

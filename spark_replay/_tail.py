@@ -20,6 +20,7 @@ torn tail (dropped, as restore drops it) and corruption (raised).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,8 +28,8 @@ from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
 from persistlog._errors import CorruptLogError, ResetRequired
-from persistlog._follower import Cursor, first_lsn, next_segments
-from persistlog._reader import LogScanner, SegmentBytes, list_logs
+from persistlog._follower import Cursor, first_lsn, gap_closed, next_segments
+from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer
 from persistlog._restore import plan as restore_plan
 
 log = logging.getLogger("spark_replay")
@@ -37,6 +38,9 @@ log = logging.getLogger("spark_replay")
 WALK_CHUNK = 64 * 1024
 # A walk remembers a batch boundary at least this often, for cutting partitions.
 MARK_BYTES = 256 * 1024
+# An idle stream looks this often for a later log that skipped the next number (one that
+# follows a gap on a secondary): a read of CURRENT, and a listing only if it moved on.
+SKIP_CHECK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,16 @@ class _Stop(Exception):
     """A limit was reached: the walk ends at the last mark."""
 
 
+class _DeclaredGap(Exception):
+    """The next log follows a gap its writer declared (a secondary that was detached or
+    behind): the walk cannot go on into it."""
+
+    def __init__(self, seq: int, segment: str) -> None:
+        super().__init__(seq, segment)
+        self.seq = seq
+        self.segment = segment
+
+
 def log_start(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> Position:
     """The position before the first record of log ``seq``. The first log ever holds the
     whole history, so its rows can rebuild the state from the start."""
@@ -152,6 +166,7 @@ class Tail:
         self.dest = dest
         # Objects never change once written: a size seen is a size forever.
         self._object_sizes: dict[str, int] = {}
+        self._next_skip_check = 0.0
 
     def latest_position(self) -> Position | None:
         """The end of the newest log as it is now (None: no log yet)."""
@@ -178,7 +193,9 @@ class Tail:
     ) -> list[Mark]:
         """The marks from ``start`` (the first mark) to as far as the data and the limits
         go. At least one record batch is taken whatever the limits, so that a stream always
-        moves. Raises :class:`ResetRequired` when retention deleted what ``start`` needs."""
+        moves. Raises :class:`ResetRequired` when retention deleted what ``start`` needs,
+        or when the walk stands before a log that follows a declared gap and a log from it
+        on is complete (until then the walk waits there, as a follower does)."""
         limits = _Limits(max_records, max_bytes, until)
         marks = [Mark(start, 0, 0)]
         pos = start
@@ -194,6 +211,18 @@ class Tail:
                 marks.append(Mark(pos, marks[-1].nbytes, marks[-1].records))
         except _Stop:
             pass
+        except _DeclaredGap as g:
+            # What was walked before the gap is read first; the next poll starts at the gap.
+            if marks[-1].records == 0 and gap_closed(self.dest, g.seq):
+                cur = marks[-1].position.cursor
+                raise ResetRequired(
+                    f"cannot go on with the stream of {self.dest.url} from cursor {cur}: log {g.seq} "
+                    f"({g.segment}) follows a gap its writer declared in this secondary's history "
+                    f"(it was detached or behind), so it does not continue log {cur.log}, read to LSN "
+                    f"{cur.next_lsn}. Set option onRetentionGap=restore to continue from the newest "
+                    "complete log after the gap (its rows rebuild the state), or start a new query "
+                    "with startingPosition=restore."
+                ) from None
         return marks
 
     # -- one segment ----------------------------------------------------------------------
@@ -218,8 +247,35 @@ class Tail:
             if self._check_rest(marks[-1].position.cursor, name, final=following is not None):
                 return None  # a batch landed as the walk read: walk it at the next poll
         if following is None:
+            if marks[-1].position.cursor == cur:
+                self._check_skipped(pos)
             return None
         return self._enter(marks[-1].position, following)
+
+    def _check_skipped(self, pos: Position) -> None:
+        """Nothing follows the cursor under the names that may come next. A secondary that
+        was detached while the writer rotated goes on with a later number, in a log that
+        declares the gap: a complete log past the cursor's (CURRENT) tells it is there."""
+        now = time.monotonic()
+        if now < self._next_skip_check:
+            return
+        self._next_skip_check = now + SKIP_CHECK_SECONDS
+        cur = pos.cursor
+        pointer = read_pointer(self.dest)
+        if pointer is None or pointer <= cur.log + 1:
+            return
+        logs = list_logs(self.dest)
+        later = [seq for seq in logs if seq > cur.log]
+        # The cursor's log gone, or the next one there now: the next poll takes it.
+        if cur.log not in logs or not later or min(later) == cur.log + 1:
+            return
+        seq = min(later)
+        if declares_gap(self.dest, logs[seq]):
+            self._next_skip_check = 0.0  # the poll after the records walked before it raises
+            raise _DeclaredGap(seq, logs[seq][0][1])
+        raise CorruptLogError(
+            f"log {cur.log + 1} is missing between logs {cur.log} and {seq}", destination=self.dest.url, log=cur.log + 1
+        )
 
     def _following(self, pos: Position) -> tuple[str, Cursor] | None:
         for name, cursor in next_segments(pos.cursor, pos.sealed):
@@ -253,6 +309,8 @@ class Tail:
         if nxt.log != cur.log and not pos.sealed:
             first = first_lsn(self.dest, name)
             if first is not None and first != cur.next_lsn:
+                if declares_gap(self.dest, [(0, name)]):
+                    raise _DeclaredGap(nxt.log, name)
                 raise CorruptLogError(
                     f"log {nxt.log} starts at LSN {first}, but log {cur.log} ends at LSN {cur.next_lsn} "
                     "(its end was lost: the stream cannot continue without a gap)",

@@ -123,3 +123,14 @@ def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, 
             assert sim.frozen
         if app.log is not None:
             sim.abandon(app.log)
+
+
+def write_the_secondary_whole_again(primary: str, sec_url: str, first: int, count: int) -> App:
+    """A writer that restores the primary and writes steps ``first ..`` with the secondary
+    attached, then closes: the secondary holds a complete log after its gap again."""
+    state, _ = restore(primary)
+    app = App(state)
+    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec_url])
+    steps(app, first, count)
+    app.log.close()
+    return app

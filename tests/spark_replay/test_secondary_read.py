@@ -12,9 +12,13 @@ from typing import Any
 
 import pytest
 from crashsim import CrashSim
-from secondary_crashes import App, crash_with_secondary_behind, restart_and_crash_on_the_secondary, restore, steps
+from secondary_crashes import (
+    crash_with_secondary_behind,
+    restart_and_crash_on_the_secondary,
+    restore,
+    write_the_secondary_whole_again,
+)
 
-import persistlog
 import spark_replay
 from persistlog._jsonify import from_json
 
@@ -36,11 +40,7 @@ def test_spark_reads_a_secondary_after_a_crash_as_restore_does(spark: Any, tmp_p
 
     # A writer that gets the secondary whole again: Spark reads from the complete log
     # after the gap, and the history before it stays readable on its own.
-    state, _ = restore(str(tmp_path / "primary"))
-    app = App(state)
-    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[sec_url])
-    steps(app, acked + 1, 5)
-    app.log.close()
+    app = write_the_secondary_whole_again(str(tmp_path / "primary"), sec_url, acked + 1, 5)
     restored, res = restore(sec_url)
     assert restored == app.state and not res.after_gap
     assert spark_state(spark, sec_url) == restored

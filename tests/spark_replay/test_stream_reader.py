@@ -10,13 +10,25 @@ import os
 import pickle
 from typing import Any
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
+from crashsim import CrashSim
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from secondary_crashes import (
+    App,
+    crash_with_secondary_behind,
+    restart_and_crash_on_the_secondary,
+    restore,
+    steps,
+    write_the_secondary_whole_again,
+)
 from srhelpers import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
+from persistlog._jsonify import from_json
 from persistlog._errors import CorruptLogError, LogNotFoundError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
@@ -87,6 +99,17 @@ class Store:
 
     def close(self) -> None:
         self.store.close()
+
+
+def resource_state(rows: list[dict[str, Any]]) -> dict[Any, Any]:
+    """The state the rows of a stream rebuild (rows of the resource convention)."""
+    state: dict[Any, Any] = {}
+    for r in rows:
+        if r["op"] == "put":
+            state[from_json(r["key_json"])] = from_json(r["value"])
+        else:
+            state.pop(from_json(r["key_json"]), None)
+    return state
 
 
 def lsns(rows: list[dict[str, Any]]) -> list[int]:
@@ -386,3 +409,87 @@ def test_a_restarted_query_plans_the_micro_batch_its_checkpoint_left_unfinished(
     redone = [r for p in parts for b in again.read(p) for r in b.to_pylist()]
     assert redone == rows and 0 < len(rows) <= 50
     w.close()
+
+
+@pytest.mark.parametrize("on_gap", ["fail", "restore"])
+def test_a_gap_declared_on_a_secondary_is_waited_on_then_failed_or_restored_past(tmp_path: Path, on_gap: str) -> None:
+    # The secondary was behind when its writer died; the restarted writer's first log there
+    # declares the gap. The stream reads the history before it, then waits: nothing after
+    # the gap rebuilds a state until a log after it is complete.
+    sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
+    reader = stream_reader(sec_url, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
+    end, rows = drain(reader, reader.initialOffset())
+    before = restore(sec_url)[0]
+    restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)
+    assert restore(sec_url)[1].after_gap
+    assert drain(reader, end) == (end, [])
+
+    app = write_the_secondary_whole_again(str(tmp_path / "primary"), sec_url, acked + 1, 5)
+    restored, res = restore(sec_url)
+    assert restored == app.state and not res.after_gap
+    if on_gap == "fail":
+        with pytest.raises(ResetRequired) as e:
+            reader.latestOffset(end, ReadAllAvailable())
+        message = str(e.value)
+        cursor = f"{end['log']}:{end['segment']}:{end['offset']}:{end['next_lsn']}"
+        assert cursor in message and "declared" in message and "onRetentionGap=restore" in message
+        assert f"log {end['log'] + 1} " in message
+        return
+    jump = reader.latestOffset(end, ReadAllAvailable())
+    assert jump["restored"] and jump["log"] > end["log"] + 1
+    assert reader.partitions(end, jump) == []
+    after = drain(reader, jump)[1]
+    assert {r["log_seq"] for r in after} == {jump["log"]}
+    assert resource_state(rows) == before and resource_state(after) == restored
+
+
+@pytest.mark.parametrize("on_gap", ["fail", "restore"])
+def test_a_stream_of_a_secondary_that_missed_whole_logs_fails_or_restores_past_them(tmp_path: Path, on_gap: str) -> None:
+    primary, sec = str(tmp_path / "primary"), str(tmp_path / "secondary")
+    app = App()
+    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec])
+    steps(app, 1, 5)
+    app.log.close()
+    reader = stream_reader(sec, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
+    end, rows = drain(reader, reader.initialOffset())
+    assert resource_state(rows) == app.state
+
+    # Two rotations while the secondary is not there: its next log skips their numbers.
+    app = App(restore(primary)[0])
+    app.log = persistlog.open(primary, app.enumerate_all)
+    steps(app, 6, 5)
+    app.log.rotate()
+    app.log.rotate()
+    app.log.close()
+    app = App(restore(primary)[0])
+    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec])
+    steps(app, 11, 5)
+    app.log.close()
+    restored, res = restore(sec)
+    assert restored == app.state and not res.after_gap
+    seqs = sorted(int(name.split("-")[0]) for name in os.listdir(sec) if name.endswith(".plog"))
+    assert seqs[0] == end["log"] and seqs[1] > end["log"] + 1
+
+    restarted = stream_reader(sec, convention="resource", onRetentionGap=on_gap)
+    if on_gap == "fail":
+        with pytest.raises(ResetRequired) as e:
+            restarted.latestOffset(end, ReadAllAvailable())
+        assert "declared" in str(e.value) and f"log {seqs[1]} " in str(e.value)
+        return
+    jump = restarted.latestOffset(end, ReadAllAvailable())
+    assert jump["restored"] and jump["log"] == seqs[-1]
+    assert resource_state(drain(restarted, jump)[1]) == restored
+
+
+def test_a_log_that_does_not_continue_the_one_before_without_declaring_a_gap_is_corruption(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url).put_rotate_put(6, 2)
+    w.close()
+    first = segment_paths(url)[0]
+    unseal(first)
+    offset, _size, _kind = [s for s in batch_spans(first) if s[2] != persistlog._format.KIND_CONTROL][-1]
+    with open(first, "r+b") as f:
+        f.truncate(offset)  # log 1 lost its last record, and log 2 says nothing of it
+    reader = stream_reader(url, startingPosition="earliest", onRetentionGap="restore")
+    with pytest.raises(CorruptLogError, match="its end was lost"):
+        drain(reader, reader.initialOffset())
