@@ -25,6 +25,7 @@ class Writer(threading.Thread):
         self.halt = threading.Event()
         self.error: BaseException | None = None
         self.n = 0
+        self.rotations = 0
 
     def burst(self, n: int) -> None:
         for _ in range(n):
@@ -41,6 +42,7 @@ class Writer(threading.Thread):
                 self.burst(5)
                 if self.n % 150 < 5:  # about every 3 s
                     self.store.log.rotate()
+                    self.rotations += 1
                 time.sleep(0.1)
         except BaseException as e:  # reported by the test
             self.error = e
@@ -96,6 +98,11 @@ def check_exactly_once(spark: Any, url: str, out: str, options: dict[str, str]) 
     assert w.n > stopped_at
     q = start_query(spark, url, out, options)
     try:
+        # At least two rotations while the query runs, however fast or slow this machine.
+        deadline = time.monotonic() + 120
+        while w.rotations < 2 and w.error is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert w.rotations >= 2, w.error
         wait_rows(spark, out, w.n + 20)
         final_state, last_lsn = w.finish()
         q.processAllAvailable()
