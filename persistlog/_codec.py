@@ -252,18 +252,20 @@ class Codec:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
         return cbor2.CBOREncoder(fp, default=self._default)
 
-    def record_encoder(self, fp: Any) -> Callable[[Any], Any]:
-        """``encode(record)`` writing to ``fp`` (the Log's batch buffer), which first
-        refuses with :class:`RecordTooDeep` a record nested deeper than
-        ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C where it is built."""
-        encode = self.encoder(fp).encode
+    def record_encoder(self, fp: Any) -> Callable[[Any], int]:
+        """``encode(record)`` writing to ``fp`` (the Log's batch buffer) and returning
+        ``fp.tell()`` after it, which first refuses with :class:`RecordTooDeep` a record
+        nested deeper than ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C
+        where it is built."""
+        encode, tell = self.encoder(fp).encode, fp.tell
         if _c_depth_checked is not None:
-            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep)
+            checked: Callable[[Any], int] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep, tell)
             return checked
 
-        def encode_checked(record: Any) -> Any:
+        def encode_checked(record: Any) -> int:
             check_depth(record)
-            return encode(record)
+            encode(record)
+            return int(tell())
 
         return encode_checked
 

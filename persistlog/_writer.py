@@ -157,8 +157,7 @@ class LogCore:
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
-        self._enc_encode = codec.record_encoder(self._fp)
-        self._tell = self._fp.tell
+        self._enc_encode = codec.record_encoder(self._fp)  # returns the buffer's new end
         self._pos = 0
         self._buf_first = F.FIRST_LSN
         self._snap: list[int] = []
@@ -189,6 +188,8 @@ class LogCore:
         # Figures for stats() and rotation triggers.
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
         self._log_update_records = 0
+        # Where the current log's ``complete`` record stands, once written: its seal says so.
+        self._complete_lsn: int | None = None
         self._after_batch: Callable[[], None] = lambda: None
         self._replicas: list[Replica] = []
 
@@ -255,8 +256,7 @@ class LogCore:
                 self._unblock()
             pos = self._pos
             try:
-                self._enc_encode(record)
-                end = self._tell()
+                end = self._enc_encode(record)
             except BaseException as e:
                 self._blocked = True  # what was encoded of it is cut before the next append
                 if isinstance(e, Exception):
@@ -294,8 +294,7 @@ class LogCore:
                 self._unblock()
             pos = self._pos
             try:
-                self._enc_encode(record)
-                end = self._tell()
+                end = self._enc_encode(record)
             except BaseException as e:
                 self._blocked = True
                 if isinstance(e, Exception):
@@ -614,6 +613,7 @@ class LogCore:
             self._log_update_records = 0
             if old is not None:
                 self._seal(old, first)
+            self._complete_lsn = None
             for replica in self._replicas:
                 if old is not None:
                     replica.seal()
@@ -621,7 +621,8 @@ class LogCore:
             return sw
 
     def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
-        self._guarded(lambda: sw.seal(seal_batch(next_lsn)))
+        complete_lsn = self._complete_lsn
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn)))
 
     def close(self) -> None:
         """Write what is pending and seal the current log.

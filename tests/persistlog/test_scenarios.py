@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -1043,7 +1044,11 @@ def test_deeply_nested_records_are_read_back(log_dir: str, monkeypatch: pytest.M
     # Readers accept any depth cbor2's encoder can write (FORMAT.md, "Records"), as writers
     # did before they refused records deeper than MAX_RECORD_DEPTH: such a writer is this
     # one without its depth check.
-    monkeypatch.setattr(persistlog.Codec, "record_encoder", lambda self, fp: self.encoder(fp).encode)
+    def unchecked(self: persistlog.Codec, fp: Any) -> Callable[[Any], int]:
+        encode = self.encoder(fp).encode
+        return lambda record: (encode(record), fp.tell())[1]
+
+    monkeypatch.setattr(persistlog.Codec, "record_encoder", unchecked)
     lg = persistlog.open(log_dir, lambda emit: None, durability="fsync")
     depths = (199, 200, 201, 1000, 3000)
     for depth in depths:
