@@ -21,7 +21,7 @@ from ._api import restore, restored_here
 from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError, WriterConflict
 from ._reader import end_of_logs as _end_of_logs
-from ._reader import list_logs, read_pointer
+from ._reader import list_logs, log_header, newest_seal, read_pointer
 from ._replicas import Replica
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Rotator
@@ -245,7 +245,9 @@ class Log(LogCore):
         Calls from several threads return once the log is sealed; later calls do nothing.
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
-        none of the updates before it: a slower shutdown for a faster next restore. If
+        none of the updates before it, and the next ``open(..., replay=)`` starts writing
+        after that snapshot instead of enumerating again (see :func:`open`): a slower
+        shutdown for a faster next start. If
         that enumeration raises, the log is still closed (restore then reads the previous
         complete log as usual) and :class:`EnumerateError` is raised after.
         Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
@@ -325,9 +327,9 @@ class Log(LogCore):
         )
         self._ticker.start()
 
-    def _on_complete(self, seq: int) -> None:
+    def _on_complete(self, seq: int, complete_lsn: int) -> None:
         for replica in list(self._replicas):
-            replica.complete(seq)
+            replica.complete(seq, complete_lsn)
 
     def _sw_pending(self) -> bool:
         sw = self._current_writer
@@ -404,6 +406,16 @@ def open(
     ``restore(url, ...)`` first in the same process, with nothing written in between.
     Otherwise a destination holding records raises :class:`ExistingLogError`, unless
     ``discard_existing=True`` (start over; the old logs go by retention).
+
+    One open skips the enumeration: when it replays (``replay=``/``replay_batch=``) a
+    newest log that is complete and holds its snapshot and nothing after it, as
+    ``close(rotate=True)`` leaves it, opened with the same ``metadata`` and without
+    ``secondaries``, the new log starts after that snapshot without calling
+    ``enumerate_all``: the snapshot stays the restore point until the next rotation (a
+    trigger, or ``rotate()``) writes a new one. The state it holds is the one just
+    replayed, so an enumeration would write the same records again. (After
+    ``restore()`` then ``open()`` the app may have changed its state in between: that
+    open enumerates.)
 
     ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
     turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
@@ -506,7 +518,10 @@ def open(
         lg._start_background(interval, renew)
         if rotate_on_signal is not None:
             lg._install_signal(rotate_on_signal)
-        lg._rotator.wait(lg._rotator.request(coalesce=False))
+        if not discard_existing and not secondaries and _fresh_snapshot(dest, logs, pointer, lg.restored, metadata):
+            lg._rotator.start_after_snapshot()
+        else:
+            lg._rotator.wait(lg._rotator.request(coalesce=False))
     except BaseException:
         _close_quietly(lg)
         raise
@@ -514,6 +529,26 @@ def open(
     _exit.register(lg)
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+def _fresh_snapshot(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], pointer: int | None,
+    restored: RestoreResult | None, metadata: Any,
+) -> bool:
+    """Whether the newest log, just replayed by open() itself, is a complete log holding its
+    snapshot and nothing after it (as ``close(rotate=True)`` leaves it), with the metadata
+    the app opens with: then it can stay the restore point, and an opening enumeration
+    would write the same state again."""
+    if restored is None or not restored.complete or restored.skipped or not logs:
+        return False
+    seq = max(logs)
+    if restored.logs != [seq] or pointer != seq:
+        return False
+    seal = newest_seal(dest, logs)
+    if seal is None or seal.get(F.SEAL_COMPLETE_LSN) != seal["next_lsn"]:
+        return False
+    header = log_header(dest, logs[seq])
+    return header is not None and header.get("metadata") == metadata
 
 
 def _tick(
