@@ -17,8 +17,10 @@ PROCS = Path(__file__).resolve().parent / "procs"
 
 
 def child_env() -> dict[str, str]:
+    """The environment of a child script: the repository first, then ``tests/`` for the
+    helper modules (``kv_app``)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
     return env
 
 

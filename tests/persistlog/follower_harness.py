@@ -1,4 +1,4 @@
-"""What the follower tests share: ``Writer``, an app logging every change to a real Log;
+"""What the follower tests share: ``Writer``, the test app with its Log open;
 ``Where``, the destinations they run on (local, ``memory://``, S3 on moto) as the ``where``
 and ``shared_where`` fixtures; and draining a follower and checking its LSN chain."""
 
@@ -15,39 +15,32 @@ from typing import Any
 import pytest
 
 import persistlog
-from plhelpers import apply
+from kv_app import App, restore_state
 from destinations import open_destination
 
 
-class Writer:
-    """An app with its dict state, logging every change through a persistlog Log."""
+class Writer(App):
+    """The test app with its Log open from the start (restoring first with ``restore``),
+    counting its changes."""
 
     def __init__(
         self, url: str, storage_options: dict[str, Any] | None = None, *, restore: bool = False, **options: Any
     ) -> None:
+        super().__init__()
         self.url = url
         self.so = storage_options
-        self.state: dict[str, Any] = {}
         if restore:  # restore, then open: the app's state is what the log holds
-            persistlog.restore(url, lambda r: apply(self.state, r), storage_options=storage_options)
-        self.log = persistlog.open(url, self.enumerate_all, storage_options=storage_options, **options)
+            self.data = restore_state(url, storage_options=storage_options)[0]
+        self.log: persistlog.Log = persistlog.open(url, self.enumerate_all, storage_options=storage_options, **options)
         self.n = 0
 
-    def enumerate_all(self, emit: Callable[[Any], None]) -> None:
-        for k, v in list(self.state.items()):
-            emit({"op": "put", "key": k, "value": v})
-
-    def put(self, key: str, value: Any, sync: bool = False) -> int:
+    def put(self, key: Any, value: Any, sync: bool = False) -> int:
         self.n += 1
-        lsn = self.log.update({"op": "put", "key": key, "value": value}, sync=sync)
-        self.state[key] = value
-        return lsn
+        return super().put(key, value, sync)
 
-    def delete(self, key: str, sync: bool = False) -> int:
+    def delete(self, key: Any, sync: bool = False) -> int:
         self.n += 1
-        lsn = self.log.update({"op": "del", "key": key}, sync=sync)
-        self.state.pop(key, None)
-        return lsn
+        return super().delete(key, sync)
 
     def random_ops(self, rng: random.Random, count: int, keys: int = 25) -> None:
         for _ in range(count):
@@ -85,9 +78,7 @@ class Where:
         return sorted({int(n[:20]) for n in self.names() if n.endswith(".plog")})
 
     def restore(self) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-        state: dict[str, Any] = {}
-        result = persistlog.restore(self.url, lambda r: apply(state, r), storage_options=self.so)
-        return state, result
+        return restore_state(self.url, storage_options=self.so)
 
     def follow(self, replay: Callable[[Any], Any] | None = None, **kwargs: Any) -> persistlog.Follower:
         kwargs.setdefault("poll_interval", 0.02)

@@ -10,15 +10,9 @@ import time
 from typing import Any
 
 import pytest
-from plhelpers import (
-    App,
-    is_complete_log,
-    is_sealed_log,
-    log_seqs,
-    restore_state,
-    segment_files,
-    wait_until,
-)
+from kv_app import App, restore_state
+from log_files import is_complete_log, is_sealed_log, log_seqs, segment_files
+from threads import wait_until
 
 import persistlog
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from plhelpers import App, restore_state
+from kv_app import App, restore_state
 
 
 # -- destinations and paths -------------------------------------------------------------

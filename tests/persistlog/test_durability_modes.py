@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from plhelpers import App, restore_state, wait_until
+from kv_app import App, restore_state
+from threads import wait_until
 
 import persistlog
 

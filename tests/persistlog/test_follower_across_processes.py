@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from plhelpers import wait_until
+from threads import wait_until
 from follower_harness import Where, shared_where
 from child_scripts import Proc, read_json
 

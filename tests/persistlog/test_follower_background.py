@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 import persistlog
-from plhelpers import apply, wait_until
+from kv_app import apply
+from threads import wait_until
 from follower_harness import Writer, drain
 
 
@@ -36,7 +37,7 @@ def test_background_follower_keeps_up_and_reports_its_error(tmp_path: Path) -> N
                 w.random_ops(rng, 150)
                 w.log.rotate()
             w.log.sync()
-            wait_until(lambda: state == w.state, 20, lambda: f"follower at {f.cursor}, writer at {w.last_lsn}")
+            wait_until(lambda: state == w.data, 20, lambda: f"follower at {f.cursor}, writer at {w.last_lsn}")
             assert f.wait_caught_up(10)
             assert f.lag().records == 0
             assert f.applied_records == sum(map(len, batches)) and f.error is None

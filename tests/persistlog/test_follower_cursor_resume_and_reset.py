@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import persistlog
-from plhelpers import apply, wait_until
+from kv_app import apply
+from threads import wait_until
 from follower_harness import Where, Writer, check_chain, drain, where
 
 
@@ -67,7 +68,7 @@ def test_cursor_resume_at_random_points_applies_each_record_once(where: Where, s
                 assert f.resets == 0
                 if last == target:
                     break
-            assert state == w.state, f"round {round_}"
+            assert state == w.data, f"round {round_}"
     finally:
         w.close()
     assert stops > rounds
@@ -112,7 +113,7 @@ def test_retention_overrun_resets_through_on_reset(where: Where) -> None:
         check_chain(drain(f, w.last_lsn), None)
         saved = str(f.cursor)
         f.stop()
-        assert state == w.state
+        assert state == w.data
         _overrun(w, where, persistlog.Cursor.parse(saved).log, retain=1)
 
         # Without a hook: ResetRequired, and nothing applied.
@@ -132,11 +133,11 @@ def test_retention_overrun_resets_through_on_reset(where: Where) -> None:
         f2 = where.follow(lambda r: apply(state, r), cursor=saved, on_reset=on_reset)
         batches = drain(f2, w.last_lsn)
         assert resets == [1] and f2.resets == 1
-        assert state == w.state
+        assert state == w.data
         check_chain(batches, None)
         w.put("later", 2, sync=True)
         check_chain(drain(f2, w.last_lsn), batches[-1].last_lsn)
-        assert state == w.state and resets == [1]
+        assert state == w.data and resets == [1]
         f2.stop()
     finally:
         w.close()
@@ -164,7 +165,7 @@ def test_follower_left_unpolled_past_retention_resets(where: Where) -> None:
         assert seq not in where.log_seqs()
         drain(f, w2.last_lsn)
         assert resets == [1]
-        assert state == w2.state
+        assert state == w2.data
         f.stop()
     finally:
         w2.close()
@@ -197,7 +198,7 @@ def test_cursor_ahead_of_the_log_resets(where: Where) -> None:
                               on_reset=lambda: (resets.append(1), fresh.clear()))
             drain(f2, w.last_lsn)
             assert resets == [1], c
-            assert fresh == w.state, c
+            assert fresh == w.data, c
             f2.stop()
     finally:
         w.close()

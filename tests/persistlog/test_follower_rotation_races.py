@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import persistlog
-from plhelpers import apply
+from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
 from faults import FaultPlan
@@ -40,7 +40,7 @@ def _rotation_between_listing_and_current(clean: None) -> tuple[str, Callable[[]
     for i in range(8):
         w.put(f"k{i}", i)
     w.log.rotate()
-    state = dict(w.state)
+    state = dict(w.data)
     ref = open_destination(ref_url)
     names = [n for n in ref.list() if n.endswith(".plog")]
     blobs = {n: ref.read(n) for n in names}

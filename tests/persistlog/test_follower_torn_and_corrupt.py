@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import persistlog
-from plhelpers import apply
+from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
 
@@ -47,7 +47,7 @@ def _reference_segments(tmp_path: Path, records: int, segment_bytes: int = 1 << 
     w.log.sync()
     names = sorted(n for n in os.listdir(ref) if n.endswith(".plog"))
     segments = [(ref / n).read_bytes() for n in names]
-    state = dict(w.state)
+    state = dict(w.data)
     w.close()
     return ref, segments, state
 

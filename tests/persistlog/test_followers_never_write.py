@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import persistlog
-from plhelpers import apply
+from kv_app import apply
 from follower_harness import Where, Writer, shared_where
 
 
@@ -40,7 +40,7 @@ def test_followers_never_write(shared_where: Where, tmp_path: Path) -> None:
         f.poll()
         f2.poll()
     assert f2.resets == 1
-    assert state == w.state
+    assert state == w.data
     if local:
         assert _snapshot_local(local) == before
     else:

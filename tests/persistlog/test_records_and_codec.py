@@ -12,7 +12,8 @@ from typing import Any
 
 import cbor2
 import pytest
-from plhelpers import app_batches, App, apply, restore_state, segment_files
+from kv_app import App, apply, restore_state
+from log_files import app_batches, segment_files
 
 import persistlog
 

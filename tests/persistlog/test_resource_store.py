@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from plhelpers import restore_state
+from kv_app import restore_state
 from threads import run_threads
 
 import persistlog

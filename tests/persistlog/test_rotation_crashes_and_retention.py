@@ -11,17 +11,9 @@ import threading
 from typing import Any
 
 import pytest
-from plhelpers import (
-    App,
-    batch_offsets,
-    crash,
-    is_complete_log,
-    is_sealed_log,
-    log_seqs,
-    restore_state,
-    segment_files,
-    truncate,
-)
+from batches import batch_offsets
+from kv_app import App, restore_state
+from log_files import crash, is_complete_log, is_sealed_log, log_seqs, segment_files, truncate
 
 import persistlog
 from persistlog import _encoder

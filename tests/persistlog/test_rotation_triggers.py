@@ -8,7 +8,9 @@ import signal
 import threading
 import time
 
-from plhelpers import App, is_complete_log, log_seqs, restore_state, wait_until
+from kv_app import App, restore_state
+from log_files import is_complete_log, log_seqs
+from threads import wait_until
 
 import persistlog
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from plhelpers import App, log_seqs, restore_state
+from kv_app import App, restore_state
+from log_files import log_seqs
 
 import persistlog
 

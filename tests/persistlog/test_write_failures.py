@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from plhelpers import App, fill_disk, is_complete_log, log_seqs, prefix_states, restore_state
+from kv_app import App, prefix_states, restore_state
+from log_files import fill_disk, is_complete_log, log_seqs
 
 import persistlog
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from crashsim import CrashSim
 from threads import run_threads, wait_until
-from relkit import App, Model, apply, check_prefix, restore_state
+from kv_app import App, apply, restore_state
+from relkit import Model, check_prefix
 
 import persistlog
 from persistlog import LogFailedError
