@@ -34,6 +34,7 @@ class App:
         self.slow = slow  # seconds to sleep per emitted record (a slow enumeration)
         self.fail_enumerate: BaseException | None = None
         self.enumerations = 0
+        self.changes = 0  # records logged through put, put_many and delete
 
     def _lock(self, key: Any) -> threading.Lock:
         return self.locks[hash(key) % self.STRIPES]
@@ -78,6 +79,7 @@ class App:
         with self._lock(key):
             lsn = self.log.update({"op": "put", "key": key, "value": value}, sync=sync)
             self.data[key] = value
+        self.changes += 1
         return lsn
 
     def put_many(self, changes: list[tuple[Any, Any]], sync: bool = False) -> int:
@@ -96,6 +98,7 @@ class App:
         finally:
             for lock in reversed(locks):
                 lock.release()
+        self.changes += len(changes)
         return lsn
 
     def delete(self, key: Any, sync: bool = False) -> int:
@@ -103,6 +106,7 @@ class App:
         with self._lock(key):
             lsn = self.log.update({"op": "del", "key": key}, sync=sync)
             self.data.pop(key, None)
+        self.changes += 1
         return lsn
 
 
@@ -128,10 +132,7 @@ def replay_ops(base: dict[Any, Any], ops: Iterable[tuple[Any, ...]]) -> dict[Any
     """``base`` after the model operations ``("put", k, v)`` / ``("del", k)``."""
     state = dict(base)
     for op in ops:
-        if op[0] == "put":
-            state[op[1]] = op[2]
-        else:
-            state.pop(op[1], None)
+        _replay_op(state, op)
     return state
 
 
@@ -140,9 +141,13 @@ def prefix_states(base: dict[Any, Any], ops: list[tuple[Any, ...]]) -> list[dict
     states = [dict(base)]
     state = dict(base)
     for op in ops:
-        if op[0] == "put":
-            state[op[1]] = op[2]
-        else:
-            state.pop(op[1], None)
+        _replay_op(state, op)
         states.append(dict(state))
     return states
+
+
+def _replay_op(state: dict[Any, Any], op: tuple[Any, ...]) -> None:
+    if op[0] == "put":
+        state[op[1]] = op[2]
+    else:
+        state.pop(op[1], None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import persistlog
 import pytest
-from clihelpers import (
+from cli_logs import (
     batches,
     cli,
     cli_subprocess,

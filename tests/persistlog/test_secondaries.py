@@ -31,26 +31,15 @@ from persistlog import _replicas
 
 
 class ChurningApp(App):
-    """The test app, counting its changes, with a churn of puts and deletes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def put(self, key: Any, value: Any, sync: bool = False) -> int:
-        self.n += 1
-        return super().put(key, value, sync)
-
-    def delete(self, key: Any, sync: bool = False) -> int:
-        self.n += 1
-        return super().delete(key, sync)
+    """The test app with a churn of puts and deletes."""
 
     def churn(self, count: int, keys: int = 30) -> None:
         for i in range(count):
+            n = self.changes
             if i % 5 == 4:
-                self.delete(f"k{(self.n * 7) % keys}")
+                self.delete(f"k{(n * 7) % keys}")
             else:
-                self.put(f"k{self.n % keys}", [self.n, "v" * (self.n % 17)])
+                self.put(f"k{n % keys}", [n, "v" * (n % 17)])
 
 
 def restore_records(url: str, so: dict[str, Any] | None = None) -> tuple[list[Any], persistlog.RestoreResult]:
@@ -434,7 +423,7 @@ def test_object_store_secondary_flushes_under_steady_load(tmp_path: Path, clean_
         grew = False
         while time.monotonic() < deadline and not grew:
             for _ in range(20):
-                app.put(f"k{app.n % 40}", app.n)
+                app.put(f"k{app.changes % 40}", app.changes)
             grew = len(dest.list()) > start
         assert grew, "the secondary wrote nothing in 5 s of steady updates"
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from kv_app import App, apply, restore_state
-from relkit import ROOT
+from crash_matrix import ROOT
 
 import persistlog
 from persistlog import WriterConflict

@@ -23,7 +23,7 @@ from secondary_crashes import (
     steps,
     write_the_secondary_whole_again,
 )
-from srhelpers import batch_spans, flip_byte, segment_paths, unseal
+from log_histories import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
