@@ -15,15 +15,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from crashsim import CrashSim
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from kv_app import App, restore_state
+from log_histories import batch_spans, flip_byte, segment_paths, unseal
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from secondary_crashes import (
     crash_with_secondary_behind,
     restart_and_crash_on_the_secondary,
     steps,
     write_the_secondary_whole_again,
 )
-from log_histories import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
