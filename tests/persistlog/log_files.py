@@ -28,8 +28,8 @@ def crash(lg: persistlog.Log) -> None:
     call this between operations), drops the bytes still in user space (the Log's pending
     batch and the append file's buffer), closes the file descriptors and releases the flock
     without sealing anything. What the OS already has stays: this is a process crash. To
-    also lose unsynced OS data (a power loss), truncate the newest segment afterwards with
-    :func:`tear_newest_segment`.
+    also lose unsynced OS data (a power loss), cut the newest segment afterwards with
+    :func:`truncate`.
     """
     lg._stop.set()
     lg._rotator.close()
