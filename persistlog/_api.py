@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from destinations import Destination, LockHeld, WriterLock, open_destination
+from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
 
 from . import _encoder
@@ -75,9 +75,7 @@ def restore(
     The process remembers where the restore ended, so that a later ``open(url, ...)`` in
     the same process, with nothing written in between, may start a new log there.
     """
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
-    dest = open_destination(url, **(storage_options or {}))
+    dest = destination_at(url, storage_options)
     try:
         result, _states = restore_from(
             dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec

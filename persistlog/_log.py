@@ -1107,4 +1107,4 @@ def _weak_call(method: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], N
     return call
 
 
-__all__ = ["Log", "LogSettings", "destination_at"]
+__all__ = ["Log", "LogSettings", "SecondaryEntry", "destination_at", "release_writer_lock"]
