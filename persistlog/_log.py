@@ -435,22 +435,28 @@ class Log:
 
     @property
     def url(self) -> str:
+        """The primary destination's URL."""
         return self.dest.url
 
     @property
     def next_lsn(self) -> int:
+        """The LSN the next record appended will get."""
         return self._next_lsn
 
     @property
     def durable_lsn(self) -> int:
+        """The LSN up to which every record is durable."""
         return self._durable_lsn - 1
 
     @property
     def failed(self) -> BaseException | None:
+        """The error that failed the Log (a storage error, a lost lease), after which it
+        refuses writes; None while it is healthy."""
         return self._failed
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` was called (the Log then refuses updates)."""
         return self._closed
 
     def stats(self) -> dict[str, Any]:
