@@ -533,7 +533,7 @@ class Log:
 
     def __del__(self) -> None:
         if self.__dict__.get("_close_done", True) or not self.__dict__.get("_registered", False):
-            return  # closed, or never opened (open() closes what it fails to open)
+            return  # closed, or never opened (a failed opening lets everything go)
         warnings.warn(
             f"{self!r} was never closed; closing it now (call close(), or use 'with')",
             ResourceWarning,
