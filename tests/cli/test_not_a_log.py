@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clihelpers import KV, cli, cli_subprocess, corrupt_middle
+from cli_logs import KV, cli, cli_subprocess, corrupt_middle
 
 import persistlog
 
