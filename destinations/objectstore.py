@@ -39,7 +39,7 @@ import fsspec.asyn  # type: ignore[import-untyped,unused-ignore]
 
 from ._base import Destination, LockHeld, WriterLock
 from ._names import check_name, is_temp_name
-from ._owner import describe_holder, owner_record, parse_record
+from ._owner import LEASE_NAME, describe_holder, owner_record, parse_record
 from ._registry import split_protocol
 from ._retry import RetryPolicy, is_transient
 
@@ -47,9 +47,6 @@ from ._retry import RetryPolicy, is_transient
 logger = logging.getLogger("persistlog." + __name__)
 
 T = TypeVar("T")
-
-#: Name of the lease object inside an object-store destination.
-LEASE_NAME = "LEASE"
 
 #: Request kinds counted by :meth:`ObjectStoreDestination.stats`.
 REQUEST_KINDS = ("PUT", "GET", "LIST", "DELETE", "HEAD")
