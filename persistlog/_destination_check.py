@@ -21,21 +21,6 @@ from ._log_check import LogCheck
 from ._reader import declares_gap, list_logs, read_pointer
 
 
-def _current_status(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int | None, str]:
-    pointer = read_pointer(dest)
-    if pointer is None:
-        try:
-            dest.size(F.CURRENT_NAME)
-        except FileNotFoundError:
-            return None, "missing"
-        except OSError:
-            return None, "damaged"
-        return None, "damaged"
-    if pointer not in logs:
-        return pointer, "dangling"
-    return pointer, "ok"
-
-
 def inspect_destination(
     dest: Destination,
     *,
@@ -47,9 +32,9 @@ def inspect_destination(
     Every batch's checksums are checked (the reader does that), and with
     ``check_records`` every app record is decoded too, so undecodable CBOR is found. Log
     headers and seals are checked per log (:class:`LogCheck`); the seq chain, the LSN chain
-    across logs and CURRENT here.
-    ``progress`` is called after every batch. Raises :class:`DestinationError` when the
-    storage cannot be read; damage never raises, it is reported.
+    across logs and CURRENT here. ``progress`` is called after every batch. Raises
+    :class:`DestinationError` when the storage cannot be read; damage never raises, it is
+    reported.
     """
     report = DestinationReport(url=dest.url, exists=dest.exists(), appendable=dest.appendable)
     report.holder = read_holder(dest)
@@ -117,6 +102,21 @@ def inspect_destination(
     if cut_short is not None:
         _judge_cut_short(report, *cut_short)
     return report
+
+
+def _current_status(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int | None, str]:
+    pointer = read_pointer(dest)
+    if pointer is None:
+        try:
+            dest.size(F.CURRENT_NAME)
+        except FileNotFoundError:
+            return None, "missing"
+        except OSError:
+            return None, "damaged"
+        return None, "damaged"
+    if pointer not in logs:
+        return pointer, "dangling"
+    return pointer, "ok"
 
 
 def _judge_cut_short(report: DestinationReport, old: LogInfo, new: LogInfo) -> None:
