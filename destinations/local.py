@@ -102,7 +102,7 @@ class LocalDestination(Destination):
     def exists(self) -> bool:
         return os.path.isdir(self.path)
 
-    def describe_missing(self) -> str:
+    def why_not_creatable(self) -> str | None:
         path = self.path
         while not os.path.lexists(path):
             parent = os.path.dirname(path)
@@ -110,7 +110,7 @@ class LocalDestination(Destination):
                 break
             path = parent
         if os.path.isdir(path):
-            return "the directory does not exist"
+            return None
         if path == self.path:
             return "it is a file, not a directory"
         return f"{path} is a file, not a directory"

@@ -173,13 +173,17 @@ class ObjectStoreDestination(Destination):
         return self._request("HEAD", f"isdir {self.root}", isdir)
 
     def describe_missing(self) -> str:
+        if not self._s3:
+            return super().describe_missing()
+        return self.why_not_creatable() or f"no object in bucket {self._bucket!r} has the prefix {self._prefix!r}"
+
+    def why_not_creatable(self) -> str | None:
         if self._s3:
             try:
                 self._check_bucket()
             except FileNotFoundError:
                 return f"the bucket {self._bucket!r} does not exist"
-            return f"no object in bucket {self._bucket!r} has the prefix {self._prefix!r}"
-        return super().describe_missing()
+        return None
 
     def list(self, start_after: str | None = None) -> list[str]:
         """Names in lexical order; on S3 a missing bucket raises ``FileNotFoundError``."""
