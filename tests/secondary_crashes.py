@@ -1,7 +1,7 @@
 """Crashes of a writer with a secondary, shared by the core and Spark tests.
 
-The app sets key ``k{n % 7}`` and ``last`` to ``n`` at step ``n``, so any state says which
-prefix of the updates it is the result of (:func:`is_prefix`).
+The app (``kv_app.App``) sets key ``k{n % 7}`` and ``last`` to ``n`` at step ``n``, so any
+state says which prefix of the updates it is the result of (:func:`is_prefix`).
 """
 
 from __future__ import annotations
@@ -13,33 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from crashsim import CrashSim, quiet_crash_threads
+from kv_app import App, restore_state
 from threads import wait_until
 
 import persistlog
-
-
-def apply(state: dict[str, Any], r: dict[str, Any]) -> None:
-    if r["op"] == "put":
-        state[r["key"]] = r["value"]
-    else:
-        state.pop(r["key"], None)
-
-
-class App:
-    """A dict of resources; every update is ``{"k": key, "v": n}`` with n its step."""
-
-    def __init__(self, state: dict[str, Any] | None = None) -> None:
-        self.state: dict[str, Any] = dict(state or {})
-        self.log: persistlog.Log | None = None
-
-    def enumerate_all(self, emit: Any) -> None:
-        for k, v in list(self.state.items()):
-            emit({"op": "put", "key": k, "value": v})
-
-    def put(self, key: str, value: Any) -> None:
-        assert self.log is not None
-        self.log.update({"op": "put", "key": key, "value": value})
-        self.state[key] = value
 
 
 def steps(app: App, first: int, count: int) -> None:
@@ -58,12 +35,6 @@ def is_prefix(state: dict[str, Any]) -> int:
         expected["last"] = i
     assert state == expected, f"not the state after a prefix of the updates: {sorted(state.items())[:10]}"
     return int(n)
-
-
-def restore(url: str, **options: Any) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-    state: dict[str, Any] = {}
-    result = persistlog.restore(url, lambda r: apply(state, r), **options)
-    return state, result
 
 
 def write_point(kind: str) -> str:
@@ -92,7 +63,7 @@ def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_
     app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
                               durability="fsync", lease_ttl=lease_ttl, flush_interval=0.01)
     steps(app, 1, 20)
-    wait_until(lambda: restore(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
+    wait_until(lambda: restore_state(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
     hold.set()
     steps(app, 21, 30)
     time.sleep(0.05)
@@ -110,7 +81,7 @@ def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, 
     sim = CrashSim()
     sim.crash_at("after:create segment" if kind == "local" else "after:put segment", label="secondary")
     url, so = sim.local(str(tmp_path / "primary"))
-    state, _ = restore(url, storage_options=so)  # through the URL it then opens
+    state, _ = restore_state(url, storage_options=so)  # through the URL it then opens
     assert is_prefix(state) == acked
     app = App(state)
     sec = sim.local(sec_url, label="secondary") if kind == "local" else sim.remote(sec_url, label="secondary")
@@ -128,7 +99,7 @@ def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, 
 def write_the_secondary_whole_again(primary: str, sec_url: str, first: int, count: int) -> App:
     """A writer that restores the primary and writes steps ``first ..`` with the secondary
     attached, then closes: the secondary holds a complete log after its gap again."""
-    state, _ = restore(primary)
+    state, _ = restore_state(primary)
     app = App(state)
     app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec_url])
     steps(app, first, count)

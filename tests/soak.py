@@ -26,6 +26,7 @@ any check failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -43,6 +44,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+import kv_app  # noqa: E402 - tests/, this script's directory; after the repository root
 
 KEYS = 5  # keys per writer thread
 LEASE_TTL = 1.5
@@ -121,12 +124,7 @@ def child(spec: dict[str, Any]) -> int:
     so = spec.get("primary_options") or None
     state: dict[str, Any] = {}
 
-    def apply(r: dict[str, Any]) -> None:
-        if r["op"] == "put":
-            state[r["key"]] = r["value"]
-        else:
-            state.pop(r["key"], None)
-
+    apply = functools.partial(kv_app.apply, state)
     persistlog.restore(spec["primary"], apply, storage_options=so)
     say("RESTORED")
     threads = spec["threads"]
@@ -290,21 +288,6 @@ def make_lanes(kinds: list[str], root: str, moto: MotoServer | None) -> list[Lan
     return lanes
 
 
-def restore_dict(url: str, options: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
-    import persistlog
-
-    state: dict[str, Any] = {}
-
-    def apply(r: dict[str, Any]) -> None:
-        if r["op"] == "put":
-            state[r["key"]] = r["value"]
-        else:
-            state.pop(r["key"], None)
-
-    result = persistlog.restore(url, apply, storage_options=options or None)
-    return state, result
-
-
 def run_iteration(lane: Lane, figures: Figures, rng: random.Random, threads: int, log_file: Any) -> str:
     """One child, killed; then the checks. Returns a one-line account."""
     spec = {
@@ -383,7 +366,7 @@ def check_lane(lane: Lane, figures: Figures, threads: int, clean: bool = False) 
     import persistlog
 
     try:
-        state, presult = restore_dict(lane.primary, lane.primary_options)
+        state, presult = kv_app.restore_state(lane.primary, storage_options=lane.primary_options or None)
     except persistlog.PersistLogError as e:
         figures.check_failures += 1
         figures.problems.append(f"{lane.name}: restore of the primary failed: {type(e).__name__}: {e}")
@@ -402,7 +385,7 @@ def check_lane(lane: Lane, figures: Figures, threads: int, clean: bool = False) 
             figures.problems.append(f"{lane.name}: thread {t}: restored step {j} < acknowledged {acked}")
     for sec in lane.secondaries:
         try:
-            sstate, sresult = restore_dict(sec["url"], sec.get("options"))
+            sstate, sresult = kv_app.restore_state(sec["url"], storage_options=sec.get("options") or None)
         except persistlog.PersistLogError as e:
             # A secondary may trail its primary, never fail to restore.
             figures.secondary_restore_errors += 1

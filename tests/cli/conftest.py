@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clihelpers import KV, write_logs
+from cli_logs import KV, write_logs
 
 
 @pytest.fixture(scope="session")

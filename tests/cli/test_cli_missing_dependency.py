@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clihelpers import KV, cli, tree_digest
+from cli_logs import KV, cli, tree_digest
 
 import persistlog
 from childproc import CLI, run_python

@@ -14,17 +14,17 @@ from pathlib import Path
 
 import persistlog
 import pytest
-from clihelpers import (
-    KV,
+from cli_logs import (
     batches,
     cli,
     cli_subprocess,
     corrupt_middle,
     flip,
-    restore_dict,
+    KV,
     tear_newest,
     tree_digest,
 )
+from kv_app import restore_state
 
 # -- usage and errors ---------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ def test_an_interrupted_retention_is_a_warning_not_corruption(logdir: str, expec
     run = cli("verify", logdir)
     assert run.status == 0, run.out
     assert "retention was deleting it when it was interrupted" in run.out and "restore starts at log 3" in run.out
-    assert restore_dict(logdir)[0] == expected
+    assert restore_state(logdir)[0] == expected
 
 
 def test_a_middle_log_cut_short_is_still_corruption(logdir: str) -> None:
@@ -191,7 +191,7 @@ def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: s
     repaired = cli("repair", logdir)
     assert repaired.status == 0 and "point CURRENT at log 3" in repaired.out, repaired.out
     assert cli("verify", logdir).status == 0
-    assert restore_dict(logdir)[1].logs == [3, 4]
+    assert restore_state(logdir)[1].logs == [3, 4]
 
 
 def test_a_damaged_current_is_only_a_warning(logdir: str) -> None:
@@ -220,7 +220,7 @@ def test_every_command_as_a_child_process(logdir: str) -> None:
     dump = cli_subprocess("dump", logdir, "--json", "--log", "3")
     assert dump.status == 0 and all(json.loads(line)["log"] == 3 for line in dump.out.splitlines())
     tail = cli_subprocess("tail", logdir, "--json")
-    assert tail.status == 0 and len(tail.out.splitlines()) == restore_dict(logdir)[1].records
+    assert tail.status == 0 and len(tail.out.splitlines()) == restore_state(logdir)[1].records
     check = cli_subprocess("restore-check", logdir, "--json")
     assert check.status == 0 and len(json.loads(check.out)["torn_tails"]) == 1
     repair = cli_subprocess("repair", logdir, "--json")
@@ -286,7 +286,7 @@ def test_tail_prints_what_a_follower_sees_and_exits(logdir: str) -> None:
     run = cli("tail", logdir, "--json")
     assert run.status == 0, run.err
     rows = [json.loads(line) for line in run.out.splitlines()]
-    state, result = restore_dict(logdir)
+    state, result = restore_state(logdir)
     assert len(rows) == result.records and rows[-1]["lsn"] == result.last_lsn
     assert {r["log"] for r in rows} == {3}
     assert set(rows[0]) == {"lsn", "log", "segment", "commit_time", "record"}
@@ -345,7 +345,7 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
 
 def test_repair_truncates_a_torn_tail_and_keeps_every_intact_record(logdir: str) -> None:
     segment, offset = tear_newest(logdir)
-    before_state, before = restore_dict(logdir)
+    before_state, before = restore_state(logdir)
     assert before.torn_tail is not None
 
     dry = cli("repair", logdir, "--dry-run")
@@ -360,7 +360,7 @@ def test_repair_truncates_a_torn_tail_and_keeps_every_intact_record(logdir: str)
     assert copy.startswith(segment + ".")
     assert cli("verify", logdir).status == 0
 
-    after_state, after = restore_dict(logdir)
+    after_state, after = restore_state(logdir)
     assert after_state == before_state and after.records == before.records and after.torn_tail is None
     # A writer carries on from where the repair left the log.
     kv = KV()
@@ -397,20 +397,20 @@ def test_forced_repair_keeps_every_record_before_the_damage(logdir: str) -> None
 
     kept = [json.loads(line) for line in cli("dump", logdir, "--json").out.splitlines()]
     assert kept == [r for r in everything if r["lsn"] < victim.first_lsn]
-    state, restored = restore_dict(logdir)
+    state, restored = restore_state(logdir)
     assert restored.last_lsn == victim.first_lsn - 1
     assert len(os.listdir(os.path.join(logdir, "broken"))) >= 1
 
 
 def test_forced_repair_of_old_history_leaves_the_state_alone(logdir: str, expected: dict) -> None:
     corrupt_middle(logdir, log=1)
-    state, _ = restore_dict(logdir)  # restore starts at log 3: unaffected
+    state, _ = restore_state(logdir)  # restore starts at log 3: unaffected
     assert state == expected
     plan = json.loads(cli("repair", logdir, "--dry-run", "--json").out)["plan"]
     assert [(a["kind"], a["log"]) for a in plan["actions"]] == [("move-log", 1)]
     assert cli("repair", logdir, "--force").status == 0
     assert cli("verify", logdir).status == 0
-    assert restore_dict(logdir)[0] == expected
+    assert restore_state(logdir)[0] == expected
     assert not any(n.startswith("00000000000000000001-") for n in os.listdir(logdir))
 
 
@@ -426,7 +426,7 @@ def test_forced_repair_that_removes_the_complete_marker_moves_current_back(logdi
     assert any(a["kind"] == "write-current" and a["target"] == 2 for a in result["plan"]["actions"])
     info = json.loads(cli("info", logdir, "--json").out)
     assert info["current"] == 2 and info["restore_from"] == 2
-    state, restored = restore_dict(logdir)
+    state, restored = restore_state(logdir)
     assert restored.complete and restored.logs[0] == 2
 
 
@@ -460,7 +460,7 @@ def test_restore_check_counts_records_and_keys(logdir: str, expected: dict) -> N
     assert run.status == 0, run.err
     assert f"keys live        {len(expected)}" in run.out
     data = json.loads(cli("restore-check", logdir, "--json").out)
-    _, result = restore_dict(logdir)
+    _, result = restore_state(logdir)
     assert data["keys"] == len(expected) and data["records"] == result.records
     assert data["logs"] == [3] and data["last_lsn"] == result.last_lsn and data["complete"] is True
     assert data["resource_store"] is True and data["seconds"] >= 0

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from clihelpers import KV, cli, cli_subprocess, corrupt_middle, write_logs
+from cli_logs import KV, cli, cli_subprocess, corrupt_middle, write_logs
 
 import persistlog
 

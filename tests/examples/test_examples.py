@@ -14,11 +14,8 @@ from typing import Any
 
 import persistlog
 import pytest
+from example_scripts import EXAMPLES
 from threads import wait_until
-
-# Not imported from conftest: with several test folders in one run, "conftest" may name
-# another folder's.
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 # -- kvstore.py ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Fixtures of the core log tests (hypothesis profiles live in ``plhelpers``)."""
+"""Fixtures of the core log tests (hypothesis profiles live in ``hypothesis_profiles``)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ reopens often (the parent kills while sealing); anything else rotates often.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sys
@@ -33,18 +34,14 @@ def out(line: str) -> None:
 
 def main() -> None:
     url, seed, nthreads, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    import kv_app
     import persistlog
 
     rng = random.Random(seed)
     data: dict[str, Any] = {}
     locks = [threading.Lock() for _ in range(10)]  # one per thread number, any round
 
-    def apply(r: dict[str, Any]) -> None:
-        if r["op"] == "put":
-            data[r["key"]] = r["value"]
-        else:
-            data.pop(r["key"], None)
-
+    apply = functools.partial(kv_app.apply, data)
 
     def owner(key: str) -> int:
         return int(key[1: key.index("k")])

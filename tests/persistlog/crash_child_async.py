@@ -12,6 +12,7 @@ awaited ``update()`` returned: the change is acknowledged durable.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import sys
@@ -20,6 +21,7 @@ import traceback
 from typing import Any
 
 from crash_child import log_options, out
+import kv_app
 
 import persistlog
 
@@ -31,12 +33,7 @@ async def main() -> None:
     data: dict[str, Any] = {}
     locks = [asyncio.Lock() for _ in range(ntasks)]
 
-    def apply(r: dict[str, Any]) -> None:
-        if r["op"] == "put":
-            data[r["key"]] = r["value"]
-        else:
-            data.pop(r["key"], None)
-
+    apply = functools.partial(kv_app.apply, data)
     await persistlog.restore_async(url, apply)
 
     def owner(key: str) -> int:

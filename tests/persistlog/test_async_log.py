@@ -25,7 +25,8 @@ from async_app import AsyncApp
 from faults import FaultPlan
 
 import persistlog
-from plhelpers import restore_state, wait_until
+from kv_app import restore_state
+from threads import wait_until
 
 T = TypeVar("T")
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from plhelpers import restore_state
+from child_scripts import child_env
+from kv_app import restore_state
 
 CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
 ASYNC_CHILD = os.path.join(os.path.dirname(__file__), "crash_child_async.py")
@@ -48,6 +49,7 @@ def run_child(url: str, seed: int, threads: int, mode: str, rng: random.Random, 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(CHILD))),
+        env=child_env(),
     )
     assert proc.stdout is not None and proc.stderr is not None
 

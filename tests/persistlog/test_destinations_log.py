@@ -32,11 +32,11 @@ import pytest
 from faults import FaultPlan
 
 import persistlog
-from plhelpers import apply, wait_until
+from child_scripts import PROCS, child_env
+from kv_app import App, apply, restore_state
+from threads import wait_until
 from destinations import open_destination
 
-PROCS = Path(__file__).resolve().parent / "procs"
-REPO = Path(__file__).resolve().parents[2]
 SEGMENT_HEADER = 40
 BATCH_HEADER = 40
 
@@ -46,29 +46,19 @@ BATCH_HEADER = 40
 
 
 
-class App:
-    """A dict of resources logged through a persistlog Log; ``ops`` is every update
-    record in the order ``update()`` returned."""
+class RecordingApp(App):
+    """The test app; ``ops`` is every update record in the order ``update()`` returned."""
 
     def __init__(self, state: dict[str, Any] | None = None) -> None:
-        self.state: dict[str, Any] = dict(state or {})
-        self.log: persistlog.Log | None = None
+        super().__init__(state)
         self.ops: list[dict[str, Any]] = []
         self.acked: list[dict[str, Any]] = []  # updates that returned from update(sync=True) or sync()
-
-    def enumerate_all(self, emit: Callable[[Any], None]) -> None:
-        for k, v in list(self.state.items()):
-            emit({"op": "put", "key": k, "value": v})
-
-    def open(self, url: str, **options: Any) -> persistlog.Log:
-        self.log = persistlog.open(url, self.enumerate_all, **options)
-        return self.log
 
     def update(self, record: dict[str, Any], sync: bool = False) -> int:
         assert self.log is not None
         lsn = self.log.update(record, sync=sync)
         self.ops.append(record)
-        apply(self.state, record)
+        apply(self.data, record)
         if sync:
             self.acked = list(self.ops)
         return lsn
@@ -111,9 +101,7 @@ class Where:
         return sorted({int(n[:20]) for n in self.segments()})
 
     def restore(self, **kw: Any) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-        state: dict[str, Any] = {}
-        result = persistlog.restore(self.url, lambda r: apply(state, r), storage_options=self.so, **kw)
-        return state, result
+        return restore_state(self.url, storage_options=self.so, **kw)
 
     def records(self) -> list[Any]:
         out: list[Any] = []
@@ -158,16 +146,16 @@ def is_complete(where: Where, seq: int) -> bool:
 
 
 def test_write_then_restore_equals_the_model(where: Where) -> None:
-    app = App()
+    app = RecordingApp()
     lg = app.open(where.url, **where.open_options)
     app.churn(300, sync_every=25)
     lg.sync()
-    assert where.restore()[0] == app.state  # while the writer is open
+    assert where.restore()[0] == app.data  # while the writer is open
     app.churn(40)
     next_lsn = lg.next_lsn
     lg.close()
     state, result = where.restore()
-    assert state == app.state
+    assert state == app.data
     assert result.found and result.complete and result.next_lsn == next_lsn and result.torn_tails == []
     # The records come back exactly in update() order (one log: no rotation yet).
     assert where.records() == app.ops
@@ -175,7 +163,7 @@ def test_write_then_restore_equals_the_model(where: Where) -> None:
 
 @pytest.mark.parametrize("retain", [1, 2])
 def test_rotation_and_retention_keep_retain_complete_logs(where: Where, retain: int) -> None:
-    app = App()
+    app = RecordingApp()
     lg = app.open(where.url, retain=retain, segment_bytes=4096, **where.open_options)
     seqs = [lg.seq]
     for r in range(5):
@@ -185,17 +173,17 @@ def test_rotation_and_retention_keep_retain_complete_logs(where: Where, retain: 
         assert lg.stats()["complete_logs"][-1] == seqs[-1]
         # Retention may finish in the background.
         wait_until(lambda: where.log_seqs() == seqs[-retain:], 10, lambda: f"{where.log_seqs()} vs {seqs}")
-        assert where.restore()[0] == app.state
+        assert where.restore()[0] == app.data
     app.churn(30)
     lg.close()
     assert where.log_seqs() == seqs[-retain:]
     assert all(is_complete(where, s) for s in seqs[-retain:])
-    assert where.restore()[0] == app.state
+    assert where.restore()[0] == app.data
     assert where.restore()[1].logs == [seqs[-1]]
 
 
 def test_second_writer_gets_writer_conflict_and_first_is_unharmed(where: Where) -> None:
-    app = App()
+    app = RecordingApp()
     lg = app.open(where.url, **where.open_options)
     app.churn(50)
     with pytest.raises(persistlog.WriterConflict) as e:
@@ -205,23 +193,23 @@ def test_second_writer_gets_writer_conflict_and_first_is_unharmed(where: Where) 
     app.sync()
     assert lg.failed is None
     lg.close()
-    assert where.restore()[0] == app.state
+    assert where.restore()[0] == app.data
     # Closed: the next writer gets in.
-    again = App(where.restore()[0])
+    again = RecordingApp(where.restore()[0])
     again.open(where.url, **where.open_options).close()
-    assert where.restore()[0] == app.state
+    assert where.restore()[0] == app.data
 
 
 def test_close_and_reopen_continue_the_chain(where: Where) -> None:
-    app = App()
+    app = RecordingApp()
     lg = app.open(where.url, retain=2, **where.open_options)
     app.churn(60)
     lg.close()
     seq, next_lsn = lg.seq, lg.next_lsn
     for restart in range(4):
         state, result = where.restore()
-        assert state == app.state and result.next_lsn == next_lsn
-        app = App(state)  # a new process: restore, then open
+        assert state == app.data and result.next_lsn == next_lsn
+        app = RecordingApp(state)  # a new process: restore, then open
         lg = app.open(where.url, retain=2, **where.open_options)
         assert lg.seq == seq + 1
         # The new log's enumeration took the LSNs right after the old log's last.
@@ -231,7 +219,7 @@ def test_close_and_reopen_continue_the_chain(where: Where) -> None:
         seq, next_lsn = lg.seq, lg.next_lsn
     # retain counts the complete logs that earlier processes left.
     assert where.log_seqs() == [seq - 1, seq]
-    assert where.restore()[0] == app.state
+    assert where.restore()[0] == app.data
 
 
 def _copy_log(src: Where, dst: Where) -> None:
@@ -262,7 +250,7 @@ def test_torn_tails_and_corruption(where: Where) -> None:
     """A crash leaves a torn tail only where segments grow by append (local): dropped and
     reported. An object is written whole, so a short one is corruption. Damage anywhere
     else raises CorruptLogError naming the segment and offset."""
-    app = App()
+    app = RecordingApp()
     lg = app.open(where.url, durability="flush", storage_options=where.so, flush_interval=30)
     app.churn(40)
     lg.sync()
@@ -270,7 +258,7 @@ def test_torn_tails_and_corruption(where: Where) -> None:
     _copy_log(where, crashed)  # the log as a crash would leave it: unsealed
     lg.close()
     state, result = crashed.restore()
-    assert state == app.state and result.torn_tails == []
+    assert state == app.data and result.torn_tails == []
 
     names = crashed.segments()
     last = names[-1]
@@ -280,7 +268,7 @@ def test_torn_tails_and_corruption(where: Where) -> None:
         start, end = spans[-1]
         _rewrite(crashed, last, data + data[start: start + 25])  # a batch header cut short
         state, result = crashed.restore()
-        assert state == app.state
+        assert state == app.data
         assert [(t.segment, t.offset, t.length) for t in result.torn_tails] == [(last, len(data), 25)]
         _rewrite(crashed, last, data[: end - 3])  # the last batch's payload cut short
         state, result = crashed.restore()
@@ -318,7 +306,7 @@ def test_primary_write_failure_is_raised_and_acknowledged_records_survive(clean_
     plan = FaultPlan()
     url = f"faulty://p{uuid.uuid4().hex[:8]}/log"
     so = {"target_protocol": "memory", "faults": plan}
-    app = App()
+    app = RecordingApp()
     lg = app.open(url, storage_options=so, flush_interval=30)
     app.churn(30, sync_every=5)
     plan.fail("pipe_file", nth=plan.calls["pipe_file"] + 3, error=errno.ENOSPC, times=10**6)
@@ -337,14 +325,6 @@ def test_primary_write_failure_is_raised_and_acknowledged_records_survive(clean_
 
 
 # -- S3 on the real moto server --------------------------------------------------------
-
-
-def child_env() -> dict[str, str]:
-    import os
-
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.mark.s3
@@ -382,7 +362,7 @@ def test_s3_lease_of_a_killed_writer_expires_then_a_new_writer_takes_over(
     # ...and once the lease (2 s, renewed every 2/3 s) has expired, a new writer takes over.
     state, result = where.restore()
     assert state == written["state"] and result.next_lsn == written["next_lsn"]
-    app = App(state)
+    app = RecordingApp(state)
 
     def take_over() -> persistlog.Log | None:
         try:
@@ -395,7 +375,7 @@ def test_s3_lease_of_a_killed_writer_expires_then_a_new_writer_takes_over(
     assert lg.next_lsn == written["next_lsn"] + len(state)
     app.churn(20)
     lg.close()
-    assert where.restore()[0] == app.state
+    assert where.restore()[0] == app.data
 
 
 @pytest.mark.parametrize("secondary_kind", ["memory", "s3", "local"])
@@ -404,7 +384,7 @@ def test_restore_from_a_secondary_after_the_primary_is_deleted(
 ) -> None:
     primary = tmp_path / "primary"
     sec = make_where(secondary_kind, request, tmp_path, name="secondary")
-    app = App()
+    app = RecordingApp()
     lg = app.open(str(primary), secondaries=[(sec.url, sec.so or {})], retain=2, segment_bytes=4096)
     for _ in range(3):
         app.churn(100)
@@ -413,14 +393,14 @@ def test_restore_from_a_secondary_after_the_primary_is_deleted(
     lg.close()
     shutil.rmtree(primary)
     state, result = sec.restore()
-    assert state == app.state and result.complete
+    assert state == app.data and result.complete
     assert persistlog.restore(str(primary), lambda r: None).found is False
     # The secondary can become the primary: restore, then open.
-    app2 = App(state)
+    app2 = RecordingApp(state)
     lg2 = app2.open(sec.url, storage_options=sec.so)
     app2.churn(10)
     lg2.close()
-    assert sec.restore()[0] == app2.state
+    assert sec.restore()[0] == app2.data
 
 
 # -- injected faults: a proxy in front of moto, and faulty:// ----------------------------------
@@ -564,7 +544,7 @@ def test_s3_faults_are_retried_in_order_losing_nothing(
         return action
 
     fault_proxy.rule = rule
-    app = App()
+    app = RecordingApp()
     lg = app.open(url, storage_options=so, flush_interval=30)
     for _ in range(8):
         app.churn(12)
@@ -590,7 +570,7 @@ def test_faulty_primary_transient_faults_are_retried(clean_memory_fs: None) -> N
     )
     url = f"faulty://t{uuid.uuid4().hex[:8]}/log"
     so = {"target_protocol": "memory", "faults": plan}
-    app = App()
+    app = RecordingApp()
     lg = app.open(url, storage_options=so, flush_interval=30, retain=2)
     for r in range(10):
         app.churn(15, sync_every=7)
@@ -602,7 +582,7 @@ def test_faulty_primary_transient_faults_are_retried(clean_memory_fs: None) -> N
     assert {"pipe_file", "cat_file", "ls"} <= fired, plan.fired
     records: list[Any] = []
     result = persistlog.restore(url, records.append, storage_options={"target_protocol": "memory"})
-    assert _replay(records) == app.state
+    assert _replay(records) == app.data
     assert result.complete and result.next_lsn == lg.next_lsn
 
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import cbor2
 import pytest
-from plhelpers import App, crash, segment_files, truncate
+from kv_app import App
+from log_files import crash, segment_files, truncate
 
 import persistlog
 from destinations import open_destination

@@ -10,7 +10,8 @@ import cbor2
 import pytest
 
 import persistlog
-from plhelpers import _scanners, apply, restore_state
+from kv_app import apply, restore_state
+from log_files import _scanners
 
 
 def _nothing(emit: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 import persistlog
 from crashsim import CrashSim
-from plhelpers import is_sealed_log
+from log_files import is_sealed_log
 
 PROCS = Path(__file__).parent / "procs"
 

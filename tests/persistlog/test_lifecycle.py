@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import persistlog
-from plhelpers import is_sealed_log, wait_until
+from log_files import is_sealed_log
+from threads import wait_until
 
 
 # -- calls from inside enumerate_all --------------------------------------------------------

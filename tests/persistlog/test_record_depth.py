@@ -23,7 +23,7 @@ import persistlog
 from persistlog import _codec
 from persistlog import _format as F
 from childproc import run_json
-from plhelpers import plsettings
+from hypothesis_profiles import active_profile
 
 LIMIT = F.MAX_RECORD_DEPTH
 
@@ -260,7 +260,7 @@ plain = st.recursive(
 )
 
 
-@plsettings()
+@active_profile()
 @given(plain)
 def test_the_measure_is_the_depth_cbor2s_decoder_counts(value: Any) -> None:
     depth = _codec.nesting_depth(value, 1000)

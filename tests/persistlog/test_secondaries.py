@@ -20,7 +20,8 @@ import pytest
 from faults import FaultPlan
 
 import persistlog
-from plhelpers import apply, wait_until
+from kv_app import App, apply, restore_state
+from threads import wait_until
 from destinations import open_destination
 from persistlog import _replicas
 
@@ -29,54 +30,22 @@ from persistlog import _replicas
 
 
 
-class App:
-    """A dict of resources logged through a persistlog Log."""
-
-    def __init__(self) -> None:
-        self.state: dict[str, Any] = {}
-        self.log: persistlog.Log | None = None
-        self.n = 0
-
-    def enumerate_all(self, emit: Callable[[Any], None]) -> None:
-        for k, v in list(self.state.items()):
-            emit({"op": "put", "key": k, "value": v})
-
-    def open(self, url: str, **options: Any) -> persistlog.Log:
-        self.log = persistlog.open(url, self.enumerate_all, **options)
-        return self.log
-
-    def put(self, key: str, value: Any, sync: bool = False) -> int:
-        assert self.log is not None
-        self.n += 1
-        lsn = self.log.update({"op": "put", "key": key, "value": value}, sync=sync)
-        self.state[key] = value
-        return lsn
-
-    def delete(self, key: str) -> int:
-        assert self.log is not None
-        self.n += 1
-        lsn = self.log.update({"op": "del", "key": key})
-        self.state.pop(key, None)
-        return lsn
+class ChurningApp(App):
+    """The test app with a churn of puts and deletes."""
 
     def churn(self, count: int, keys: int = 30) -> None:
         for i in range(count):
+            n = self.changes
             if i % 5 == 4:
-                self.delete(f"k{(self.n * 7) % keys}")
+                self.delete(f"k{(n * 7) % keys}")
             else:
-                self.put(f"k{self.n % keys}", [self.n, "v" * (self.n % 17)])
+                self.put(f"k{n % keys}", [n, "v" * (n % 17)])
 
 
 def restore_records(url: str, so: dict[str, Any] | None = None) -> tuple[list[Any], persistlog.RestoreResult]:
     records: list[Any] = []
     result = persistlog.restore(url, records.append, storage_options=so)
     return records, result
-
-
-def restore_state(url: str, so: dict[str, Any] | None = None) -> dict[str, Any]:
-    state: dict[str, Any] = {}
-    persistlog.restore(url, lambda r: apply(state, r), storage_options=so)
-    return state
 
 
 def seqs(url: str, so: dict[str, Any] | None = None) -> list[int]:
@@ -141,7 +110,7 @@ def test_every_record_reaches_every_destination(
         primary, primary_so = f"s3://{s3_bucket}/primary", so
         dests = [(primary, so), (local2, None), (mem, None)]
         secondaries = [local2, mem]
-    app = App()
+    app = ChurningApp()
     lg = app.open(primary, storage_options=primary_so, secondaries=secondaries, retain=2,
                   segment_bytes=4096, flush_interval=0.05)
     for r in range(4):
@@ -159,14 +128,14 @@ def test_every_record_reaches_every_destination(
         records, r = restore_records(url, dso)
         assert records == expected, url
         assert (r.logs, r.next_lsn, r.complete) == (result.logs, result.next_lsn, True), url
-        assert restore_state(url, dso) == app.state, url
+        assert restore_state(url, storage_options=dso)[0] == app.data, url
         # Retention keeps the same complete logs everywhere.
         assert seqs(url, dso) == seqs(primary, primary_so), url
     # A follower reads a secondary like any other destination.
     followed: dict[str, Any] = {}
     f = persistlog.follow(mem, lambda r: apply(followed, r))
     f.poll()
-    assert followed == app.state
+    assert followed == app.data
 
 
 # -- add_destination / remove_destination ----------------------------------------------------
@@ -185,7 +154,7 @@ def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
     else:
         so = request.getfixturevalue("s3_storage_options")
         url = f"s3://{request.getfixturevalue('s3_bucket')}/added"
-    app = App()
+    app = ChurningApp()
     primary = str(tmp_path / "primary")
     lg = app.open(primary, flush_interval=0.05)
     try:
@@ -198,7 +167,7 @@ def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
         for r in records:
             apply(state, r)
         assert result.complete and result.logs == [lg.seq] and lg.seq == seq_before + 1
-        assert state == app.state
+        assert state == app.data
         d = secondary(lg, url)
         assert d["healthy"] and d["attached"] and d["complete_log"] == lg.seq
         with pytest.raises(ValueError):
@@ -208,7 +177,7 @@ def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
 
         app.churn(50)
         lg.sync()
-        at_removal = dict(app.state)
+        at_removal = dict(app.data)
         lg.remove_destination(url)
         assert [d["url"] for d in lg.stats()["destinations"]] == [primary]
         with pytest.raises(ValueError):
@@ -218,15 +187,15 @@ def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
         app.churn(10)
         lg.sync()
         # Nothing after the removal went there; what it holds is restorable...
-        assert restore_state(url, so) == at_removal
-        assert restore_state(primary) == app.state
+        assert restore_state(url, storage_options=so)[0] == at_removal
+        assert restore_state(primary)[0] == app.data
     finally:
         lg.close()
     # ...and its writer lock was released: another writer can take it (and would continue
     # from what it holds).
-    other = App()
-    persistlog.restore(url, lambda r: apply(other.state, r), storage_options=so)
-    assert other.state == at_removal
+    other = ChurningApp()
+    persistlog.restore(url, lambda r: apply(other.data, r), storage_options=so)
+    assert other.data == at_removal
     other.open(url, storage_options=so).close()
 
 
@@ -250,9 +219,9 @@ def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_m
     with pytest.raises(persistlog.WriterConflict):
         lg.add_destination(mem)
     lg.close()
-    assert restore_state(primary) == {"p": 1}
+    assert restore_state(primary)[0] == {"p": 1}
     # open() goes on without it, and attaches it with a new log once the holder lets go.
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "p2"), secondaries=[mem])
     try:
         d = secondary(lg, mem)
@@ -263,7 +232,7 @@ def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_m
         app.churn(20)
     finally:
         lg.close()
-    assert restore_state(mem) == app.state
+    assert restore_state(mem)[0] == app.data
     with pytest.raises(TypeError):
         persistlog.open(str(tmp_path / "p3"), lambda emit: None, secondaries=[42])  # type: ignore[list-item]
 
@@ -276,7 +245,7 @@ def test_failing_secondary_is_detached_then_reattached(tmp_path: Path, clean_mem
     plan = Switch()
     url, so = faulty(plan)
     primary = str(tmp_path / "primary")
-    app = App()
+    app = ChurningApp()
     lg = app.open(primary, secondaries=[(url, so)], flush_interval=0.02, durability="flush")
     try:
         app.churn(50)
@@ -294,7 +263,7 @@ def test_failing_secondary_is_detached_then_reattached(tmp_path: Path, clean_mem
         app.churn(100)
         lg.sync()
         assert lg.failed is None and lg.stats()["destinations"][0]["healthy"]
-        assert restore_state(primary) == app.state
+        assert restore_state(primary)[0] == app.data
 
         before = d["complete_log"]
         plan.failing = False
@@ -309,16 +278,16 @@ def test_failing_secondary_is_detached_then_reattached(tmp_path: Path, clean_mem
         app.churn(40)
         # Restorable from the secondary now (the log it holds is complete).
         lg.sync()
-        wait_until(lambda: restore_state(url, so) == app.state, 10, "the secondary catching up")
+        wait_until(lambda: restore_state(url, storage_options=so)[0] == app.data, 10, "the secondary catching up")
     finally:
         lg.close()
-    assert restore_state(url, so) == app.state
-    assert restore_state(primary) == app.state
+    assert restore_state(url, storage_options=so)[0] == app.data
+    assert restore_state(primary)[0] == app.data
 
 
 def test_local_secondary_replaced_by_a_file_is_detached_then_reattached(tmp_path: Path) -> None:
     primary, sec = str(tmp_path / "primary"), tmp_path / "secondary"
-    app = App()
+    app = ChurningApp()
     lg = app.open(primary, secondaries=[str(sec)])
     try:
         app.churn(60)
@@ -334,7 +303,7 @@ def test_local_secondary_replaced_by_a_file_is_detached_then_reattached(tmp_path
         app.churn(50)
         lg.sync()
         assert lg.failed is None
-        assert restore_state(primary) == app.state
+        assert restore_state(primary)[0] == app.data
 
         sec.unlink()
         os.rename(moved, sec)
@@ -345,14 +314,14 @@ def test_local_secondary_replaced_by_a_file_is_detached_then_reattached(tmp_path
         app.churn(30)
     finally:
         lg.close()
-    assert restore_state(str(sec)) == app.state
+    assert restore_state(str(sec))[0] == app.data
 
 
 def test_secondary_whose_lease_was_taken_is_not_written_again(tmp_path: Path, clean_memory_fs: None) -> None:
     """If another writer takes a secondary's lease over, the secondary is detached and the
     next rotation does not write there (it would interleave with the new owner)."""
     mem = mem_url()
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[mem], lease_ttl=0.6)
     try:
         app.churn(20)
@@ -383,7 +352,7 @@ def test_secondary_whose_lease_was_taken_is_not_written_again(tmp_path: Path, cl
 def test_slow_secondary_blocks_updates_only_when_its_queue_is_full(tmp_path: Path, clean_memory_fs: None) -> None:
     plan = Switch()
     url, so = faulty(plan)
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[(url, so)], durability="flush", flush_interval=0.02)
     maxsize = _replicas.QUEUE_BATCHES
     # Enough that the queue fills however many batches the secondary took into its write
@@ -424,13 +393,13 @@ def test_slow_secondary_blocks_updates_only_when_its_queue_is_full(tmp_path: Pat
         lg.close()
     d = secondary(lg, url)
     assert d["healthy"] and d["detaches"] == 0
-    assert restore_state(url, so) == app.state
+    assert restore_state(url, storage_options=so)[0] == app.data
 
 
 def test_delayed_secondary_writes_lose_nothing(tmp_path: Path, clean_memory_fs: None) -> None:
     plan = FaultPlan().delay("pipe_file", 0.08, nth=1, times=10**6)
     url, so = faulty(plan)
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[(url, so)], durability="flush", flush_interval=0.02)
     for r in range(3):
         app.churn(150)
@@ -439,13 +408,13 @@ def test_delayed_secondary_writes_lose_nothing(tmp_path: Path, clean_memory_fs: 
     lg.close()
     assert plan.calls["pipe_file"] > 5
     assert restore_records(url, so)[0] == restore_records(lg.url)[0]
-    assert restore_state(url, so) == app.state
+    assert restore_state(url, storage_options=so)[0] == app.data
 
 
 def test_object_store_secondary_flushes_under_steady_load(tmp_path: Path, clean_memory_fs: None) -> None:
     """A secondary flushes on its interval even when batches never stop coming."""
     mem = mem_url()
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[mem], durability="flush")
     try:
         dest = open_destination(mem)
@@ -454,12 +423,12 @@ def test_object_store_secondary_flushes_under_steady_load(tmp_path: Path, clean_
         grew = False
         while time.monotonic() < deadline and not grew:
             for _ in range(20):
-                app.put(f"k{app.n % 40}", app.n)
+                app.put(f"k{app.changes % 40}", app.changes)
             grew = len(dest.list()) > start
         assert grew, "the secondary wrote nothing in 5 s of steady updates"
     finally:
         lg.close()
-    assert restore_state(mem) == app.state
+    assert restore_state(mem)[0] == app.data
 
 
 def test_follower_of_a_secondary_resyncs_across_a_detach(tmp_path: Path, clean_memory_fs: None) -> None:
@@ -468,7 +437,7 @@ def test_follower_of_a_secondary_resyncs_across_a_detach(tmp_path: Path, clean_m
     hole in it, and never calling it corruption."""
     plan = Switch()
     url, so = faulty(plan)
-    app = App()
+    app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[(url, so)], flush_interval=0.02)
     state: dict[str, Any] = {}
     resets: list[int] = []
@@ -482,7 +451,7 @@ def test_follower_of_a_secondary_resyncs_across_a_detach(tmp_path: Path, clean_m
     try:
         app.churn(40)
         lg.sync()
-        wait_until(lambda: (f.poll(), bare.poll(), state == app.state)[-1], 10, "the follower catching up")
+        wait_until(lambda: (f.poll(), bare.poll(), state == app.data)[-1], 10, "the follower catching up")
         plan.failing = True
         app.churn(30)
         lg.sync()
@@ -492,7 +461,7 @@ def test_follower_of_a_secondary_resyncs_across_a_detach(tmp_path: Path, clean_m
         app.churn(10)
         lg.sync()
         wait_until(lambda: secondary(lg, url)["complete_log"] == seq, 10, lambda: str(secondary(lg, url)))
-        wait_until(lambda: (f.poll(), state == app.state)[-1], 10, lambda: f"follower at {f.cursor}")
+        wait_until(lambda: (f.poll(), state == app.data)[-1], 10, lambda: f"follower at {f.cursor}")
         assert resets == [1]
         with pytest.raises(persistlog.ResetRequired):
             bare.poll()

@@ -18,19 +18,17 @@ from typing import Any
 import pytest
 from crashsim import CrashSim
 from faults import FaultPlan
+from kv_app import App, apply, restore_state
 from secondary_crashes import (
-    App,
-    apply,
     crash_with_secondary_behind,
     is_prefix,
     restart_and_crash_on_the_secondary,
-    restore,
     steps,
 )
 
 import persistlog
 from destinations import open_destination
-from plhelpers import wait_until
+from threads import wait_until
 
 KINDS = ("local", "memory")
 
@@ -54,14 +52,14 @@ def test_restart_over_a_secondary_left_behind_restores_a_prefix(kind: str, tmp_p
     before that log is complete there leaves both. Restore stops before the new log (it
     follows a gap the writer declared) instead of calling the broken chain corruption."""
     sec_url, acked = crash_with_secondary_behind(kind, tmp_path, CrashSim(), lease_ttl=0.4)
-    before, res = restore(sec_url)
+    before, res = restore_state(sec_url)
     assert 20 <= is_prefix(before) < acked
 
     # The restarted writer (the dead one's lease may still run) crashes right after its
     # first log's header reached the secondary.
     restart_and_crash_on_the_secondary(kind, tmp_path, sec_url, acked)
     logs = sorted({int(n[:20]) for n in open_destination(sec_url).list() if n.endswith(".plog")})
-    after, res = restore(sec_url)
+    after, res = restore_state(sec_url)
     assert after == before, "the secondary's state is the one before the gap"
     assert res.after_gap == [logs[-1]] and res.last_lsn < res.next_lsn
     assert res.last_commit_us is not None
@@ -86,7 +84,7 @@ def test_restarted_writer_opens_at_once_and_takes_the_secondary_when_the_lease_e
     exactly the primary's state."""
     ttl = 3.0
     sec_url, acked = crash_with_secondary_behind(kind, tmp_path, CrashSim(), lease_ttl=ttl)
-    state, _ = restore(str(tmp_path / "primary"))
+    state, _ = restore_state(str(tmp_path / "primary"))
     app = App(state)
     started = time.monotonic()
     app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[sec_url],
@@ -102,9 +100,9 @@ def test_restarted_writer_opens_at_once_and_takes_the_secondary_when_the_lease_e
         steps(app, acked + 11, 10)
     finally:
         app.log.close()
-    primary_state, pres = restore(str(tmp_path / "primary"))
-    secondary_state, sres = restore(sec_url)
-    assert secondary_state == primary_state == app.state
+    primary_state, pres = restore_state(str(tmp_path / "primary"))
+    secondary_state, sres = restore_state(sec_url)
+    assert secondary_state == primary_state == app.data
     assert (sres.last_lsn, sres.last_commit_us) == (pres.last_lsn, pres.last_commit_us)
 
 
@@ -133,12 +131,12 @@ def test_secondary_first_log_after_a_gap_restores_nothing_until_complete(tmp_pat
         assert entered.wait(10)
         wait_until(lambda: [n for n in open_destination(sec).list() if n.endswith(".plog")], 10,
                    "the new log at the secondary")
-        state, res = restore(sec)
+        state, res = restore_state(sec)
         assert state == {} and res.after_gap and not res.complete
         release.set()
         t.join(10)
-        state, res = restore(sec)
-        assert state == app.state and not res.after_gap
+        state, res = restore_state(sec)
+        assert state == app.data and not res.after_gap
     finally:
         release.set()
         app.log.close()
@@ -159,7 +157,7 @@ def test_follower_of_a_secondary_waits_at_a_gap_then_resyncs(tmp_path: Path) -> 
     f = persistlog.follow(sec_url, lambda r: apply(fstate, r), on_reset=on_reset, poll_interval=0.01)
     f.poll()
     before = is_prefix(fstate)
-    state, _ = restore(str(tmp_path / "primary"))
+    state, _ = restore_state(str(tmp_path / "primary"))
     app = App(state)
     release = threading.Event()
     entered = threading.Event()
@@ -186,7 +184,7 @@ def test_follower_of_a_secondary_waits_at_a_gap_then_resyncs(tmp_path: Path) -> 
         app.log = opened[0]
         steps(app, acked + 1, 5)
         app.log.sync()
-        wait_until(lambda: (f.poll(), fstate == app.state)[-1], 10, lambda: f"follower at {f.cursor}")
+        wait_until(lambda: (f.poll(), fstate == app.data)[-1], 10, lambda: f"follower at {f.cursor}")
         assert resets == [1]
     finally:
         release.set()
@@ -218,8 +216,8 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
         steps(app, 1, 5)
     finally:
         app.log.close()
-    state, _ = restore(str(tmp_path / "primary"))
-    assert state == app.state
+    state, _ = restore_state(str(tmp_path / "primary"))
+    assert state == app.data
 
 
 class Failing(FaultPlan):
@@ -255,7 +253,7 @@ def test_secondary_that_missed_logs_restores_the_state_before_them(tmp_path: Pat
     t = None
     try:
         steps(app, 1, 10)
-        wait_until(lambda: restore(url, storage_options=so)[0].get("last") == 10, 10, "the secondary catching up")
+        wait_until(lambda: restore_state(url, storage_options=so)[0].get("last") == 10, 10, "the secondary catching up")
         plan.failing = True
         for n in range(3):
             steps(app, 11 + n, 1)
@@ -269,15 +267,15 @@ def test_secondary_that_missed_logs_restores_the_state_before_them(tmp_path: Pat
         assert entered.wait(10)
         wait_until(lambda: max(int(n[:20]) for n in open_destination(url, **so).list() if n.endswith(".plog"))
                    == app.log.seq if app.log else False, 10, "the new log at the secondary")
-        state, res = restore(url, storage_options=so)
+        state, res = restore_state(url, storage_options=so)
         assert is_prefix(state) == 10 and res.after_gap == [app.log.seq]
     finally:
         release.set()
         if t is not None:
             t.join(10)
         app.log.close()
-    state, res = restore(url, storage_options=so)
-    assert state == app.state and not res.after_gap
+    state, res = restore_state(url, storage_options=so)
+    assert state == app.data and not res.after_gap
 
 
 @pytest.mark.s3
@@ -306,16 +304,16 @@ def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
     app.log = persistlog.open(url, app.enumerate_all, storage_options=popts, durability="fsync", lease_ttl=1.0,
                               secondaries=[through_sim(secondary, "secondary")], flush_interval=0.02)
     steps(app, 1, 15)
-    wait_until(lambda: restore(secondary, storage_options=options[secondary])[0].get("last") == 15, 15,
+    wait_until(lambda: restore_state(secondary, storage_options=options[secondary])[0].get("last") == 15, 15,
                "the secondary catching up")
     hold.set()
     steps(app, 16, 15)
     sim.crash()
     release.set()
     sim.abandon(app.log)
-    state, _ = restore(primary, storage_options=options[primary])
+    state, _ = restore_state(primary, storage_options=options[primary])
     assert is_prefix(state) == 30
-    behind, _ = restore(secondary, storage_options=options[secondary])
+    behind, _ = restore_state(secondary, storage_options=options[secondary])
     assert 15 <= is_prefix(behind) < 30
 
     app = App(state)
@@ -335,7 +333,7 @@ def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
         steps(app, 41, 10)
     finally:
         app.log.close()
-    pstate, pres = restore(primary, storage_options=options[primary])
-    sstate, sres = restore(secondary, storage_options=options[secondary])
-    assert sstate == pstate == app.state
+    pstate, pres = restore_state(primary, storage_options=options[primary])
+    sstate, sres = restore_state(secondary, storage_options=options[secondary])
+    assert sstate == pstate == app.data
     assert (sres.last_lsn, sres.last_commit_us) == (pres.last_lsn, pres.last_commit_us)

@@ -26,16 +26,14 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
-from plhelpers import (
-    App,
-    batch_offsets,
+from batches import batch_offsets
+from hypothesis_profiles import active_profile
+from kv_app import App, prefix_states, restore_state
+from log_files import (
     crash,
     creation_size,
     durable_floor,
     log_seqs,
-    plsettings,
-    prefix_states,
-    restore_state,
     segment_files,
     segment_sizes,
     truncate,
@@ -253,5 +251,5 @@ class PrefixDurability(RuleBasedStateMachine):
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-PrefixDurability.TestCase.settings = plsettings(max_examples=60, stateful_step_count=50)
+PrefixDurability.TestCase.settings = active_profile(max_examples=60, stateful_step_count=50)
 TestPrefixDurability = PrefixDurability.TestCase

@@ -13,15 +13,9 @@ from typing import Any
 
 import cbor2
 import pytest
-from plhelpers import (
-    App,
-    batch_offsets,
-    crash,
-    flip_bit,
-    log_seqs,
-    restore_state,
-    segment_files,
-)
+from batches import batch_offsets
+from kv_app import App, restore_state
+from log_files import crash, flip_bit, log_seqs, segment_files
 
 import persistlog
 from persistlog import _encoder

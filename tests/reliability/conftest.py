@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-import relkit  # noqa: F401 - puts tests/ on sys.path for crashsim and faults
+import crash_matrix  # noqa: F401 - puts tests/ on sys.path for crashsim and faults
 
 
 @pytest.fixture(autouse=True)

@@ -27,23 +27,23 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import relfuzz  # noqa: E402
-import relkit  # noqa: E402
+import hostile_input  # noqa: E402
+import crash_matrix  # noqa: E402
 from crashsim import quiet_crash_threads  # noqa: E402
 
-DOC = os.path.join(relkit.ROOT, "docs", "RELIABILITY.md")
+DOC = os.path.join(crash_matrix.ROOT, "docs", "RELIABILITY.md")
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 
 
-def run_matrix(all_modes: bool) -> list[relkit.MatrixFigures]:
+def run_matrix(all_modes: bool) -> list[crash_matrix.MatrixFigures]:
     from fsspec.implementations.memory import MemoryFileSystem
 
     out = []
-    for name, config in relkit.CONFIGS.items():
+    for name, config in crash_matrix.CONFIGS.items():
         workdir = tempfile.mkdtemp(prefix="pl-report-")
         try:
             with quiet_crash_threads():
-                figures = relkit.run_matrix(config, budget=None, all_modes=all_modes, workdir=workdir)
+                figures = crash_matrix.run_matrix(config, budget=None, all_modes=all_modes, workdir=workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             MemoryFileSystem.store.clear()
@@ -59,25 +59,25 @@ def run_soak(seconds: float, iterations: int, destinations: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="pl-report-soak-") as tmp:
         path = os.path.join(tmp, "soak.json")
         subprocess.run(
-            [sys.executable, os.path.join(relkit.TESTS, "soak.py"), "--iterations", str(iterations),
+            [sys.executable, os.path.join(crash_matrix.TESTS, "soak.py"), "--iterations", str(iterations),
              "--seconds", str(seconds), "--destinations", destinations, "--json", path, "--quiet",
              "--workdir", os.path.join(tmp, "work")],
-            cwd=relkit.ROOT, check=False,
+            cwd=crash_matrix.ROOT, check=False,
         )
         with open(path) as f:
             return json.load(f)
 
 
-def run_fuzz(n: int, seed: int) -> relfuzz.FuzzFigures:
+def run_fuzz(n: int, seed: int) -> hostile_input.FuzzFigures:
     started = time.monotonic()
-    figures = relfuzz.campaign(n, seed=seed)
+    figures = hostile_input.campaign(n, seed=seed)
     print(f"fuzz: {figures.inputs} inputs, {figures.escapes} escapes, {time.monotonic() - started:.1f}s", flush=True)
     for e in figures.escape_examples[:10]:
         print("  ESCAPE", e)
     return figures
 
 
-def table(matrix: list[relkit.MatrixFigures], soak: dict, fuzz: relfuzz.FuzzFigures, args: argparse.Namespace) -> str:
+def table(matrix: list[crash_matrix.MatrixFigures], soak: dict, fuzz: hostile_input.FuzzFigures, args: argparse.Namespace) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = [
         f"Last run: {when}, `python tests/reliability/report.py --soak-seconds {args.soak_seconds:g} "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relkit import App, apply, restore_state
+from kv_app import App, apply, restore_state
 
 import persistlog
 from persistlog import EnumerateError, LogClosedError

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
-from relkit import CONFIGS, run_matrix
+from crash_matrix import CONFIGS, run_matrix
 
 FULL = os.environ.get("PERSISTLOG_CRASH_FULL") == "1"
 # Crash runs per configuration in CI (each costs 10-80 ms).

@@ -4,7 +4,7 @@ Only ``persistlog.CorruptLogError`` may escape ``restore`` (strict and ``recover
 and a follower's ``poll``; records are inert values; no length read from storage allocates
 more than the batch limit allows (``tracemalloc`` peak, and an address-space limit in a
 child process for allocations made outside Python's allocator); no unregistered class is
-ever constructed. See ``relfuzz.py`` for the mutators.
+ever constructed. See ``hostile_input.py`` for the mutators.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import cbor2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from relfuzz import (
+from hostile_input import (
     FuzzFigures,
     batches,
     campaign,
@@ -41,7 +41,7 @@ from relfuzz import (
     splice_batch,
     write_destination,
 )
-from relkit import ROOT
+from crash_matrix import ROOT
 
 import persistlog
 from persistlog import _format as F
@@ -173,10 +173,10 @@ _NATIVE_CHILD = textwrap.dedent(
     sys.path[:0] = [sys.argv[1]]
     sys.path.append(sys.argv[2])
     import test_hostile_input as t
-    from relfuzz import FuzzFigures, check_destination, write_destination
+    from hostile_input import FuzzFigures, check_destination, write_destination
     # Arrow's allocator and the threads' malloc arenas reserve address space when first
     # used: read a sound destination once before any case is measured.
-    from relfuzz import corpus
+    from hostile_input import corpus
     write_destination(sys.argv[3], corpus()["plain"])
     check_destination(sys.argv[3], FuzzFigures(), "warm-up")
 

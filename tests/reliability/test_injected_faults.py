@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from crashsim import CrashSim
 from threads import run_threads, wait_until
-from relkit import App, Model, apply, check_prefix, restore_state
+from kv_app import App, apply, restore_state
+from crash_matrix import Model, check_prefix
 
 import persistlog
 from persistlog import LogFailedError
@@ -244,7 +245,7 @@ def test_failing_retention_is_retried_later(tmp_path: Path) -> None:
         for _ in range(5):
             d.put()
         d.lg.rotate()
-    from relkit import wait_idle
+    from crash_matrix import wait_idle
 
     wait_idle(d.lg)
     d.lg.close()

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relkit import ROOT, App, apply, restore_state
+from kv_app import App, apply, restore_state
+from crash_matrix import ROOT
 
 import persistlog
 from persistlog import WriterConflict

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from relkit import ROOT
+from crash_matrix import ROOT
 
 SECONDS = float(os.environ.get("PERSISTLOG_SOAK_SECONDS", "25"))
 

@@ -2,7 +2,7 @@
 
 Spark starts once (about ten seconds) and is shared by every test that asks for
 ``spark``; tests that only need the planner or the partition reader run without it.
-Helpers that write and damage logs are in ``srhelpers.py``.
+Helpers that write and damage logs are in ``log_histories.py``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow.dataset as ds
 
 from spark_replay._job import main
-from srhelpers import flip_byte, segment_paths, write_store_history
+from log_histories import flip_byte, segment_paths, write_store_history
 
 
 def _leftovers(parent: Path) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import cbor2
 import pyarrow as pa
 import pytest
-from srhelpers import batch_spans, flip_byte, restored_records, segment_paths, unseal, write_store_history
+from log_histories import batch_spans, flip_byte, restored_records, segment_paths, unseal, write_store_history
 
 import persistlog
 from persistlog import _format as F

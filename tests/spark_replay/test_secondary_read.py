@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from crashsim import CrashSim
+from kv_app import restore_state
 from secondary_crashes import (
     crash_with_secondary_behind,
     restart_and_crash_on_the_secondary,
-    restore,
     write_the_secondary_whole_again,
 )
 
@@ -33,7 +33,7 @@ def spark_state(spark: Any, url: str, **options: Any) -> dict[Any, Any]:
 def test_spark_reads_a_secondary_after_a_crash_as_restore_does(spark: Any, tmp_path: Path) -> None:
     sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
     restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)
-    restored, res = restore(sec_url)
+    restored, res = restore_state(sec_url)
     assert res.after_gap
     assert spark_state(spark, sec_url) == restored
     assert spark_state(spark, sec_url, logs="latest") == restored
@@ -41,7 +41,7 @@ def test_spark_reads_a_secondary_after_a_crash_as_restore_does(spark: Any, tmp_p
     # A writer that gets the secondary whole again: Spark reads from the complete log
     # after the gap, and the history before it stays readable on its own.
     app = write_the_secondary_whole_again(str(tmp_path / "primary"), sec_url, acked + 1, 5)
-    restored, res = restore(sec_url)
-    assert restored == app.state and not res.after_gap
+    restored, res = restore_state(sec_url)
+    assert restored == app.data and not res.after_gap
     assert spark_state(spark, sec_url) == restored
     assert spark_state(spark, sec_url, logs="latest") == restored

@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 from pyspark.errors import PythonException
 from pyspark.sql import functions as sf
-from srhelpers import batch_spans, flip_byte, restored_records, segment_paths, store_state, unseal, write_store_history
+from log_histories import batch_spans, flip_byte, restored_records, segment_paths, store_state, unseal, write_store_history
 
 import persistlog
 import spark_replay

@@ -15,16 +15,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from crashsim import CrashSim
+from kv_app import App, restore_state
+from log_histories import batch_spans, flip_byte, segment_paths, unseal
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from secondary_crashes import (
-    App,
     crash_with_secondary_behind,
     restart_and_crash_on_the_secondary,
-    restore,
     steps,
     write_the_secondary_whole_again,
 )
-from srhelpers import batch_spans, flip_byte, segment_paths, unseal
 
 import persistlog
 import persistlog._format
@@ -419,14 +418,14 @@ def test_a_gap_declared_on_a_secondary_is_waited_on_then_failed_or_restored_past
     sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
     reader = stream_reader(sec_url, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
     end, rows = drain(reader, reader.initialOffset())
-    before = restore(sec_url)[0]
+    before = restore_state(sec_url)[0]
     restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)
-    assert restore(sec_url)[1].after_gap
+    assert restore_state(sec_url)[1].after_gap
     assert drain(reader, end) == (end, [])
 
     app = write_the_secondary_whole_again(str(tmp_path / "primary"), sec_url, acked + 1, 5)
-    restored, res = restore(sec_url)
-    assert restored == app.state and not res.after_gap
+    restored, res = restore_state(sec_url)
+    assert restored == app.data and not res.after_gap
     if on_gap == "fail":
         with pytest.raises(ResetRequired) as e:
             reader.latestOffset(end, ReadAllAvailable())
@@ -452,21 +451,21 @@ def test_a_stream_of_a_secondary_that_missed_whole_logs_fails_or_restores_past_t
     app.log.close()
     reader = stream_reader(sec, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
     end, rows = drain(reader, reader.initialOffset())
-    assert resource_state(rows) == app.state
+    assert resource_state(rows) == app.data
 
     # Two rotations while the secondary is not there: its next log skips their numbers.
-    app = App(restore(primary)[0])
+    app = App(restore_state(primary)[0])
     app.log = persistlog.open(primary, app.enumerate_all)
     steps(app, 6, 5)
     app.log.rotate()
     app.log.rotate()
     app.log.close()
-    app = App(restore(primary)[0])
+    app = App(restore_state(primary)[0])
     app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec])
     steps(app, 11, 5)
     app.log.close()
-    restored, res = restore(sec)
-    assert restored == app.state and not res.after_gap
+    restored, res = restore_state(sec)
+    assert restored == app.data and not res.after_gap
     seqs = sorted(int(name.split("-")[0]) for name in os.listdir(sec) if name.endswith(".plog"))
     assert seqs[0] == end["log"] and seqs[1] > end["log"] + 1
 

@@ -9,6 +9,7 @@ it stops the follower, which then writes ``out``: state, LSN checks, request cou
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+import kv_app
 import persistlog
 from results import dump
 
@@ -25,12 +27,7 @@ def main() -> None:
     state: dict[str, Any] = {}
     info: dict[str, Any] = {"last_lsn": 0, "resets": 0, "lsn_errors": [], "batches": 0, "records": 0}
 
-    def apply(r: Any) -> None:
-        if r["op"] == "put":
-            state[r["key"]] = r["value"]
-        else:
-            state.pop(r["key"], None)
-
+    apply = functools.partial(kv_app.apply, state)
     def on_reset() -> None:
         state.clear()
         info["resets"] += 1

@@ -13,12 +13,14 @@ closing; otherwise it closes the log and writes ``result``: the final state and 
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
 import time
 from typing import Any
 
+import kv_app
 import persistlog
 from results import dump
 
@@ -29,12 +31,7 @@ def main() -> None:
     so = cfg.get("storage_options") or None
     state: dict[str, Any] = {}
 
-    def apply(r: Any) -> None:
-        if r["op"] == "put":
-            state[r["key"]] = r["value"]
-        else:
-            state.pop(r["key"], None)
-
+    apply = functools.partial(kv_app.apply, state)
     def enumerate_all(emit: Any) -> None:
         for k, v in list(state.items()):
             emit({"op": "put", "key": k, "value": v})

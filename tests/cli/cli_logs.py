@@ -19,6 +19,7 @@ from typing import Any
 
 import persistlog
 from destinations import open_destination
+from kv_app import apply
 from persistlog import _format as F
 from persistlog._reader import LogScanner, list_logs
 from persistlog.cli import main
@@ -59,10 +60,7 @@ class KV:
 
     def apply(self, record: Any) -> None:
         """Replay one record (``persistlog.open(..., replay=kv.apply)`` restores first)."""
-        if record["op"] == "put":
-            self.data[record["key"]] = record["value"]
-        else:
-            self.data.pop(record["key"], None)
+        apply(self.data, record)
 
     def put(self, log: persistlog.Log, key: str, value: Any) -> int:
         lsn = log.update({"op": "put", "key": key, "value": value})
@@ -93,19 +91,6 @@ def write_logs(url: str, updates: int = 400, rotate_every: int = 200, keys: int 
     finally:
         lg.close()
     return kv
-
-
-def restore_dict(url: str, **options: Any) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-    state: dict[str, Any] = {}
-
-    def apply(r: Any) -> None:
-        if r["op"] == "put":
-            state[r["key"]] = r["value"]
-        else:
-            state.pop(r["key"], None)
-
-    result = persistlog.restore(url, apply, **options)
-    return state, result
 
 
 @dataclass

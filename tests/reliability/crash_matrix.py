@@ -22,7 +22,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -41,6 +40,7 @@ if TESTS not in sys.path:
 
 import crashsim  # noqa: E402
 from crashsim import CrashSim, SimulatedCrash  # noqa: E402
+from kv_app import App, prefix_states, restore_state  # noqa: E402
 
 import persistlog  # noqa: E402
 
@@ -50,61 +50,7 @@ POWER_MODES = ("process", "drop", "zeros", "partial")
 PAD = "x" * 150
 
 
-# -- the app and the model -------------------------------------------------------------------
-
-
-class App:
-    """An in-memory dict whose changes are logged first, then applied (ResourceStore style).
-
-    One lock per key stripe; the enumeration takes the same locks (the seed's contract).
-    """
-
-    STRIPES = 8
-
-    def __init__(self, state: dict[Any, Any] | None = None) -> None:
-        self.data: dict[Any, Any] = dict(state or {})
-        self.locks = [threading.Lock() for _ in range(self.STRIPES)]
-        self.log: persistlog.Log | None = None
-
-    def _lock(self, key: Any) -> threading.Lock:
-        return self.locks[hash(key) % self.STRIPES]
-
-    def enumerate_all(self, emit: Callable[[Any], None]) -> None:
-        # Stripe by stripe, listing the keys under the stripe's lock: a key whose first
-        # put was logged before the switch to the new log but not yet applied must not
-        # be missed (listing every key first, then locking each, misses it).
-        for stripe, lock in enumerate(self.locks):
-            with lock:
-                for key, value in list(self.data.items()):
-                    if hash(key) % self.STRIPES == stripe:
-                        emit({"op": "put", "key": key, "value": value})
-
-    def open(self, url: str, **options: Any) -> persistlog.Log:
-        """Restore, then open: a destination holding records replaces the app's state."""
-        restored: dict[Any, Any] = {}
-        result = persistlog.restore(
-            url, lambda r: apply(restored, r),
-            **{k: options[k] for k in ("storage_options", "codec") if k in options},
-        )
-        if result.found:
-            self.data = restored
-        self.log = persistlog.open(url, self.enumerate_all, **options)
-        return self.log
-
-
-def apply(state: dict[Any, Any], record: Any) -> None:
-    if not isinstance(record, dict) or record.get("op") not in ("put", "del"):
-        raise AssertionError(f"unexpected record {record!r}")
-    if record["op"] == "put":
-        state[record["key"]] = record["value"]
-    else:
-        state.pop(record["key"], None)
-
-
-def restore_state(url: str, **options: Any) -> tuple[dict[Any, Any], persistlog.RestoreResult]:
-    state: dict[Any, Any] = {}
-    result = persistlog.restore(url, lambda r: apply(state, r), **options)
-    return state, result
+# -- the model -----------------------------------------------------------------------------
 
 
 @dataclass
@@ -116,15 +62,7 @@ class Model:
     acked: int = 0  # ops[:acked] were acknowledged as durable
 
     def states(self) -> list[dict[Any, Any]]:
-        out = [dict(self.base)]
-        s = dict(self.base)
-        for op in self.ops:
-            if op[0] == "put":
-                s[op[1]] = op[2]
-            else:
-                s.pop(op[1], None)
-            out.append(dict(s))
-        return out
+        return prefix_states(self.base, self.ops)
 
     def matching_prefixes(self, state: dict[Any, Any]) -> list[int]:
         return [k for k, s in enumerate(self.states()) if s == state]
