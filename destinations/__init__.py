@@ -24,11 +24,14 @@ import os as _os
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
+from ._owner import HOLDER_NAMES, HolderRecord
 from ._registry import available, destination_url, driver_for, register, split_protocol, with_hint
 
 __all__ = [
     "AppendFile",
     "Destination",
+    "HOLDER_NAMES",
+    "HolderRecord",
     "LockHeld",
     "WriterLock",
     "available",

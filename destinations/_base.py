@@ -123,7 +123,13 @@ class Destination(abc.ABC):
 
     def describe_missing(self) -> str:
         """Why :meth:`exists` is False, in a few words for an error message."""
-        return "the directory does not exist"
+        return self.why_not_creatable() or "the directory does not exist"
+
+    def why_not_creatable(self) -> str | None:
+        """Why no writer can make this destination as things stand (a file where its
+        directory would be, a bucket that does not exist), in a few words for an error
+        message; None when one can. Reads only."""
+        return None
 
     @abc.abstractmethod
     def list(self, start_after: str | None = None) -> list[str]:

@@ -6,7 +6,13 @@ import json
 import os
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+#: The local lock file and the object-store lease object; each holds an owner record.
+LOCK_NAME = "LOCK"
+LEASE_NAME = "LEASE"
+HOLDER_NAMES = (LOCK_NAME, LEASE_NAME)
 
 
 def owner_record(owner: str, **extra: Any) -> dict[str, Any]:
@@ -35,3 +41,34 @@ def describe_holder(raw: bytes) -> str:
     if info is None:
         return raw.decode("utf-8", "replace").strip()[:200]
     return f"{info.get('owner', '?')} (pid {info.get('pid', '?')} on {info.get('host', '?')})"
+
+
+@dataclass(frozen=True)
+class HolderRecord:
+    """An owner record read back, each field None when missing or of the wrong type
+    (the record may be foreign or hand-edited); ``owner`` is ``"?"`` when missing."""
+
+    #: Bytes worth reading: a record is a few hundred bytes at most.
+    MAX_BYTES: ClassVar[int] = 4096
+
+    owner: str
+    host: str | None
+    pid: int | None
+    since: float | None
+    expires: float | None
+
+    @classmethod
+    def parse(cls, raw: bytes) -> HolderRecord | None:
+        """The record in ``raw``, or None if it is not one (see :func:`parse_record`)."""
+        info = parse_record(raw)
+        if info is None:
+            return None
+        pid, host = info.get("pid"), info.get("host")
+        since, expires = info.get("since"), info.get("expires")
+        return cls(
+            owner=str(info.get("owner", "?")),
+            host=host if isinstance(host, str) else None,
+            pid=pid if isinstance(pid, int) else None,
+            since=since if isinstance(since, (int, float)) else None,
+            expires=expires if isinstance(expires, (int, float)) else None,
+        )

@@ -22,14 +22,12 @@ from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
 from ._names import check_name, is_temp_name, temp_name
-from ._owner import describe_holder, owner_record
+from ._owner import LOCK_NAME as LOCK_NAME  # the lock file's name, re-exported for tools and tests
+from ._owner import HolderRecord, describe_holder, owner_record
 from ._registry import split_protocol
 
 # Under the persistlog hierarchy: one logger ("persistlog") silences or raises all of it.
 logger = logging.getLogger("persistlog." + __name__)
-
-#: Name of the lock file inside a local destination.
-LOCK_NAME = "LOCK"
 
 # Appends smaller than this are gathered in user space until flush(); bigger ones go
 # straight to the OS. The core writes whole batches, so this mainly saves syscalls for
@@ -104,7 +102,7 @@ class LocalDestination(Destination):
     def exists(self) -> bool:
         return os.path.isdir(self.path)
 
-    def describe_missing(self) -> str:
+    def why_not_creatable(self) -> str | None:
         path = self.path
         while not os.path.lexists(path):
             parent = os.path.dirname(path)
@@ -112,7 +110,7 @@ class LocalDestination(Destination):
                 break
             path = parent
         if os.path.isdir(path):
-            return "the directory does not exist"
+            return None
         if path == self.path:
             return "it is a file, not a directory"
         return f"{path} is a file, not a directory"
@@ -404,7 +402,7 @@ class LocalLock(WriterLock):
 
 def _read_holder(fd: int) -> str:
     try:
-        return describe_holder(os.pread(fd, 4096, 0))
+        return describe_holder(os.pread(fd, HolderRecord.MAX_BYTES, 0))
     except OSError:
         return ""
 

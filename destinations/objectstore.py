@@ -39,7 +39,7 @@ import fsspec.asyn  # type: ignore[import-untyped,unused-ignore]
 
 from ._base import Destination, LockHeld, WriterLock
 from ._names import check_name, is_temp_name
-from ._owner import describe_holder, owner_record, parse_record
+from ._owner import LEASE_NAME, describe_holder, owner_record, parse_record
 from ._registry import split_protocol
 from ._retry import RetryPolicy, is_transient
 
@@ -47,9 +47,6 @@ from ._retry import RetryPolicy, is_transient
 logger = logging.getLogger("persistlog." + __name__)
 
 T = TypeVar("T")
-
-#: Name of the lease object inside an object-store destination.
-LEASE_NAME = "LEASE"
 
 #: Request kinds counted by :meth:`ObjectStoreDestination.stats`.
 REQUEST_KINDS = ("PUT", "GET", "LIST", "DELETE", "HEAD")
@@ -176,13 +173,17 @@ class ObjectStoreDestination(Destination):
         return self._request("HEAD", f"isdir {self.root}", isdir)
 
     def describe_missing(self) -> str:
+        if not self._s3:
+            return super().describe_missing()
+        return self.why_not_creatable() or f"no object in bucket {self._bucket!r} has the prefix {self._prefix!r}"
+
+    def why_not_creatable(self) -> str | None:
         if self._s3:
             try:
                 self._check_bucket()
             except FileNotFoundError:
                 return f"the bucket {self._bucket!r} does not exist"
-            return f"no object in bucket {self._bucket!r} has the prefix {self._prefix!r}"
-        return super().describe_missing()
+        return None
 
     def list(self, start_after: str | None = None) -> list[str]:
         """Names in lexical order; on S3 a missing bucket raises ``FileNotFoundError``."""

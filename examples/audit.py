@@ -29,7 +29,7 @@ from typing import Any
 
 import persistlog
 import spark_replay
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 
 def write_demo_log(url: str, updates: int) -> None:
@@ -87,17 +87,17 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
     key = args.key
     if key is None:
-        key = df.filter(F.col("kind") == "update").groupBy("key").count().orderBy(F.desc("count")).first()["key"]
+        key = df.filter(sf.col("kind") == "update").groupBy("key").count().orderBy(sf.desc("count")).first()["key"]
     print(f"2. history of key {key}")
     (
-        df.filter(F.col("key") == key)
+        df.filter(sf.col("key") == key)
         .select("lsn", "commit_time", "log_seq", "kind", "op", "value")
         .orderBy("lsn")
         .show(20, truncate=False)
     )
 
     print("3. live resources, then and now")
-    replayable = df.filter(F.col("base_log").isNotNull()).agg(F.min("lsn"), F.max("lsn")).first()
+    replayable = df.filter(sf.col("base_log").isNotNull()).agg(sf.min("lsn"), sf.max("lsn")).first()
     middle = (replayable[0] + replayable[1]) // 2
     then = spark_replay.state(df, as_of_lsn=middle).select("key", "key_json", "value")
     now = spark_replay.state(df).select("key", "key_json", "value")

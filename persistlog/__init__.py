@@ -11,7 +11,7 @@ in memory.
 See README.md for the guarantees of each durability mode and docs/FORMAT.md for the bytes.
 """
 
-from ._api import restore
+from ._api import open, restore
 from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
 from ._errors import (
@@ -29,7 +29,7 @@ from ._errors import (
 )
 from ._follower import Cursor, FollowedBatch, Follower, Lag, follow
 from ._format import FORMAT_VERSION
-from ._log import Log, open
+from ._log import Log
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._store import ResourceStore

@@ -1,19 +1,34 @@
-"""``persistlog.restore``: the read side's entry point."""
+"""The entry points: ``persistlog.open`` (the write side) and ``persistlog.restore`` (the read
+side), and what this process restored, which decides whether ``open`` may start a new log
+over what a destination holds."""
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-import os
-
-from destinations import Destination, open_destination
+from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
 
-from ._codec import Codec
-from ._errors import DestinationError, PersistLogError
+from . import _encoder
+from . import _format as F
+from ._codec import Codec, check_depth
+from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
+from ._log import Log, LogSettings, destination_at, release_writer_lock
+from ._reader import end_of_logs, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
+from ._rotation import EnumerateAll
+
+log = logging.getLogger("persistlog")
+
+DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
+DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
+DEFAULT_BATCH_BYTES = 1024 * 1024
+LEASE_TTL = 30.0
 
 
 # Where restore() left each destination in this process: key -> (newest log seq, next LSN).
@@ -60,9 +75,7 @@ def restore(
     The process remembers where the restore ended, so that a later ``open(url, ...)`` in
     the same process, with nothing written in between, may start a new log there.
     """
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
-    dest = open_destination(url, **(storage_options or {}))
+    dest = destination_at(url, storage_options)
     try:
         result, _states = restore_from(
             dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec
@@ -78,3 +91,199 @@ def restore(
     if result.logs:
         _restored_at[destination_key(dest)] = (result.logs[-1], result.next_lsn)
     return result
+
+
+def open(
+    url: str | os.PathLike[str],
+    enumerate_all: EnumerateAll,
+    *,
+    durability: str = "buffered",
+    rotate_bytes: int | None = DEFAULT_ROTATE_BYTES,
+    rotate_records: int | None = None,
+    rotate_interval: float | None = None,
+    retain: int = 2,
+    rotate_on_signal: int | None = None,
+    metadata: Any = None,
+    codec: Codec | None = None,
+    storage_options: dict[str, Any] | None = None,
+    compression: str | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
+    secondaries: list[str | os.PathLike[str] | tuple[str | os.PathLike[str], dict[str, Any] | None]] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
+    flush_interval: float | None = None,
+    lease_ttl: float = LEASE_TTL,
+    replay: Callable[[Any], Any] | None = None,
+    replay_batch: Callable[[list[Any]], Any] | None = None,
+    recovery: str = "strict",
+    discard_existing: bool = False,
+) -> Log:
+    """Open the log at ``url`` for writing and start a new log with a full enumeration.
+
+    Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
+    resource, and returns once that first log is complete (if it raises, the log is closed
+    and :class:`EnumerateError` is raised). A second writer on the same destination gets
+    :class:`WriterConflict`. Emitted records and ``metadata`` nest at most 256 levels deep,
+    as ``update()``'s records do (``ValueError``).
+
+    The new log replaces what the destination holds, so the app must have replayed it:
+    with ``replay=`` (or ``replay_batch=``) open restores first, holding the writer lock,
+    with :func:`persistlog.restore`'s meaning and options (``recovery``, ``codec``,
+    ``storage_options``) and keeps the :class:`RestoreResult` in ``log.restored``; or call
+    ``restore(url, ...)`` first in the same process, with nothing written in between.
+    Otherwise a destination holding records raises :class:`ExistingLogError`, unless
+    ``discard_existing=True`` (start over; the old logs go by retention).
+
+    One open skips the enumeration: when it replays (``replay=``/``replay_batch=``) a
+    newest log that is complete and holds its snapshot and nothing after it, as
+    ``close(rotate=True)`` leaves it, opened with the same ``metadata`` and without
+    ``secondaries``, the new log starts after that snapshot without calling
+    ``enumerate_all``: the snapshot stays the restore point until the next rotation (a
+    trigger, or ``rotate()``) writes a new one. The state it holds is the one just
+    replayed, so an enumeration would write the same records again. (After
+    ``restore()`` then ``open()`` the app may have changed its state in between: that
+    open enumerates.)
+
+    ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
+    turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
+    in the current log), ``rotate_interval`` (seconds), ``rotate_on_signal`` (e.g.
+    ``signal.SIGUSR1``; main thread only; the previous handler is restored on close). A
+    log ends within about one batch (``batch_bytes``) of its size or count trigger; one
+    crossed while the log's own enumeration is still written fires when it ends. ``retain`` complete
+    logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
+    ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
+    more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
+    through their own writer threads; ``storage_options`` apply to the primary.
+    ``lease_ttl`` is how long an object-store writer lease lasts without renewal (a
+    crashed writer's destination can be taken over after it).
+    """
+    if not callable(enumerate_all):
+        raise TypeError("enumerate_all must be a callable taking emit")
+    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
+        raise ValueError(f"retain must be an integer >= 1, not {retain!r}")
+    for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+    if rotate_interval is not None and (not isinstance(rotate_interval, (int, float)) or rotate_interval <= 0):
+        raise ValueError(f"rotate_interval must be a positive number of seconds or None, not {rotate_interval!r}")
+    if codec is not None and not isinstance(codec, Codec):
+        raise TypeError(f"codec must be a persistlog.Codec, not {type(codec).__name__}")
+    if replay is not None and replay_batch is not None:
+        raise TypeError("open() takes replay= or replay_batch=, not both")
+    if recovery not in ("strict", "skip"):
+        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
+    if not isinstance(discard_existing, bool):
+        raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
+    settings = LogSettings(
+        durability=durability,
+        batch_bytes=batch_bytes,
+        segment_bytes=segment_bytes,
+        flush_interval=flush_interval,
+        compression=compression,
+    )
+    codec = codec or Codec()
+    check_depth(metadata, "metadata")
+    try:
+        # Exactly as the log header will hold it: plain CBOR, which every reader decodes
+        # without the app's codec, so a Codec-registered object cannot go in it.
+        _encoder.control_batch([{"metadata": metadata}], F.FIRST_LSN, 0)
+    except Exception as e:
+        raise TypeError(f"metadata must be a plain CBOR value (no Codec-registered objects): {e}") from None
+    dest = destination_at(url, storage_options)
+    if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
+        raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
+    writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    writer_lock = _take_writer_lock(dest, writer_id, lease_ttl)
+    restored = None
+    try:
+        if replay is not None or replay_batch is not None:
+            # Under the writer lock: nothing can be written between the replay and the
+            # new log that takes its place.
+            restored = restore(
+                url, replay, replay_batch=replay_batch, recovery=recovery, codec=codec,
+                storage_options=storage_options,
+            )
+        try:
+            logs = list_logs(dest)
+            pointer = read_pointer(dest)
+            last_seq, next_lsn = end_of_logs(dest, logs)
+            after_snapshot = (
+                not discard_existing and not secondaries
+                and _fresh_snapshot(dest, logs, pointer, restored, metadata)
+            )
+        except OSError as e:
+            raise DestinationError(f"cannot read {dest.url}: {e}") from e
+        holds_records = next_lsn > F.FIRST_LSN
+        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
+            raise ExistingLogError(
+                f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
+                "process did not restore; opening would start a new log without them and "
+                "retention would delete them. Restore first: persistlog.open(url, "
+                "enumerate_all, replay=apply) (or replay_batch=), or persistlog.restore(url, "
+                "apply) then persistlog.open(url, ...) with nothing written in between; "
+                "pass discard_existing=True to start over on purpose"
+            )
+    except BaseException:
+        try:
+            release_writer_lock(writer_lock, dest.url)
+            dest.close()
+        except Exception as e:
+            log.debug("closing after a failed open: %s", e)
+        raise
+    lg = Log(
+        dest,
+        enumerate_all,
+        settings=settings,
+        codec=codec,
+        metadata=metadata,
+        writer_id=writer_id,
+        writer_lock=writer_lock,
+        lease_ttl=float(lease_ttl),
+        last_seq=last_seq,
+        next_lsn=next_lsn,
+        complete_logs=[pointer] if pointer is not None and pointer in logs else [],
+        rotate_bytes=rotate_bytes,
+        rotate_records=rotate_records,
+        rotate_interval=rotate_interval,
+        retain=retain,
+        on_error=on_error,
+        secondaries=secondaries or [],
+        rotate_on_signal=rotate_on_signal,
+        restored=restored,
+        after_snapshot=after_snapshot,
+    )
+    log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
+    return lg
+
+
+def _fresh_snapshot(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], pointer: int | None,
+    restored: RestoreResult | None, metadata: Any,
+) -> bool:
+    """Whether the newest log, just replayed by open() itself, is a complete log holding its
+    snapshot and nothing after it (as ``close(rotate=True)`` leaves it), with the metadata
+    the app opens with: then it can stay the restore point, and an opening enumeration
+    would write the same state again."""
+    if restored is None or not restored.complete or restored.skipped or not logs:
+        return False
+    seq = max(logs)
+    if restored.logs != [seq] or pointer != seq:
+        return False
+    seal = newest_seal(dest, logs)
+    if seal is None or seal.get(F.SEAL_COMPLETE_LSN) != seal["next_lsn"]:
+        return False
+    header = log_header(dest, logs[seq])
+    return header is not None and header.get("metadata") == metadata
+
+
+def _take_writer_lock(dest: Destination, writer_id: str, ttl: float) -> WriterLock:
+    try:
+        dest.ensure()
+        return dest.lock(writer_id, ttl)
+    except LockHeld as e:
+        raise WriterConflict(f"{e}; a destination has one writer at a time") from e
+    except OSError as e:
+        raise DestinationError(f"cannot open {dest.url} for writing: {e}") from e
+
+
+__all__ = ["open", "restore"]

@@ -22,8 +22,8 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._api import restore
-from ._log import Log, open
+from ._api import open, restore
+from ._log import Log
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll

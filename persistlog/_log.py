@@ -1,7 +1,36 @@
-"""``persistlog.open`` and the public :class:`Log` object."""
+"""The Log: one log being written, from ``update()`` to sealed segments at each destination.
+
+:class:`Log` is one class, in sections: its public API; appending records to the batch
+buffer; writing batches; log generations; secondaries; the writer lease; closing; the
+background work. It composes a :class:`~persistlog._rotation.Rotator` (the triggers and
+the rotation thread), a :class:`~persistlog._group_commit.GroupCommit` (fsyncs shared by
+waiting threads), one segment writer per log (``_segment_writer``) and one
+:class:`~persistlog._secondaries.Secondary` per secondary destination. ``persistlog.open``
+(``_api``) checks the options, takes the writer lock, restores, and builds the Log.
+
+Two locks split the work. ``_lock`` guards the in-memory batch under construction and the
+LSN counter; ``update()`` holds it for an append and nothing more. ``_io_lock`` serialises
+everything that touches storage, so batches reach each destination in LSN order. A thread
+that needs its record written (``flush``/``fsync`` modes, ``sync=True``, or a full batch)
+takes ``_io_lock``; whoever holds it writes *all* records appended so far in one batch.
+Threads that queued behind it find their record already covered and return. Threads that
+need their record durable go through the group commit (``_group_commit``), which shares
+each fsync among all of them.
+
+Interruptions. Only an ``OSError`` from storage fails the Log. Anything else raised in
+the middle of a write (a ``KeyboardInterrupt`` in the main thread, ``SystemExit`` from a
+signal handler) propagates as itself and leaves the Log consistent: records leave the
+buffer in one step into ``_taking`` (a batch detached but not yet with the segment
+writer), which is handed over again until the segment writer has it (it ignores LSNs it
+holds already, and settles a write the interruption cut short); whatever an interrupted
+encode left in the buffer past ``_pos`` is cut before the next append (``_blocked``
+sends it down the slow path). Bookkeeping that must happen together is written without
+a call in between, where CPython never raises a pending signal's exception.
+"""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import signal
@@ -9,40 +38,110 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Union
 
-from destinations import Destination, destination_url, open_destination
+from destinations import Destination, LockHeld, WriterLock, destination_url, open_destination
 
 from . import _encoder, _exit
 from . import _format as F
-from ._api import restore, restored_here
-from ._codec import Codec, check_depth
-from ._errors import DestinationError, ExistingLogError, LogClosedError, PersistLogError, WriterConflict
-from ._reader import end_of_logs as _end_of_logs
-from ._reader import list_logs, log_header, newest_seal, read_pointer
-from ._replicas import Replica
+from ._codec import Codec, check_depth, encode_error
+from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
+from ._group_commit import GroupCommit
 from ._restore import RestoreResult
-from ._rotation import EnumerateAll, Rotator
-from ._writer import LogCore, _Settings
+from ._rotation import NEVER, EnumerateAll, Rotator
+from ._secondaries import Secondary
+from ._segment_writer import ObjectSegments, SegmentWriter, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
-DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
-DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
-DEFAULT_BATCH_BYTES = 1024 * 1024
+DURABILITY_MODES = ("buffered", "flush", "fsync")
+COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
 LOCAL_FLUSH_INTERVAL = 0.1
-LEASE_TTL = 30.0
+
+_MAX_RECORD = F.MAX_RECORD_BYTES
+_MAX_DEPTH = F.MAX_RECORD_DEPTH
+# Record bytes one batch may hold, leaving room for a kind bitmap (at most 1/8 of them).
+_BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
+
+# Seconds a writer waits for a triggered rotation's switch to the new log; past it the
+# writer goes on (into the old log) rather than hang on a storage that stalls.
+SWITCH_WAIT = 30.0
+
+#: A secondary destination as ``open(secondaries=...)`` takes it: a URL, or a
+#: ``(url, storage_options)`` pair.
+SecondaryEntry = Union[str, "os.PathLike[str]", tuple[Union[str, "os.PathLike[str]"], Union[dict[str, Any], None]]]
 
 
-def _destination(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Destination:
+def _too_large(n: int) -> ValueError:
+    return ValueError(f"record of {n} bytes exceeds the {_MAX_RECORD}-byte limit")
+
+
+def _not_bool(sync: object) -> TypeError:
+    return TypeError(f"sync must be True or False, not {sync!r}")
+
+
+def _array_header_len(n: int) -> int:
+    """Bytes of a definite-length CBOR array header for ``n`` items."""
+    return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
+
+
+def destination_at(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Destination:
+    """The destination at ``url``, with ``storage_options`` checked to be a dict."""
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
     return open_destination(url, **(storage_options or {}))
 
 
-class Log(LogCore):
+def release_writer_lock(handle: WriterLock, url: str) -> None:
+    """Let go of a destination's writer lock; a failure is logged, not raised."""
+    try:
+        handle.release()
+    except OSError as e:
+        log.warning("releasing the writer lock on %s failed: %s", url, e)
+
+
+class LogSettings:
+    """Validated write options of one Log."""
+
+    def __init__(
+        self,
+        *,
+        durability: str,
+        batch_bytes: int,
+        segment_bytes: int,
+        flush_interval: float | None,
+        compression: str | None,
+    ) -> None:
+        if durability not in DURABILITY_MODES:
+            raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be None, 'gzip' or 'zstd', not {compression!r}")
+        if compression == "zstd":
+            try:
+                import zstandard  # noqa: F401
+            except ImportError:
+                raise ImportError("compression='zstd' needs the zstd extra: pip install 'persistlog[zstd]'") from None
+        for name, value, low in (
+            ("batch_bytes", batch_bytes, 1),
+            ("segment_bytes", segment_bytes, 4096),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
+        if batch_bytes > F.MAX_BATCH_BYTES // 2:
+            raise ValueError(f"batch_bytes must be at most {F.MAX_BATCH_BYTES // 2}")
+        if flush_interval is not None and (not isinstance(flush_interval, (int, float)) or flush_interval <= 0):
+            raise ValueError(f"flush_interval must be a positive number of seconds or None, not {flush_interval!r}")
+        self.durability = durability
+        self.batch_bytes = batch_bytes
+        self.segment_bytes = segment_bytes
+        self.flush_interval = flush_interval
+        self.compression = COMPRESSIONS[compression]
+        self.compression_name = compression
+
+
+class Log:
     """A log being written. Build it with :func:`persistlog.open`.
 
     ``update()`` appends one record, ``update_many()`` several at once; ``sync()`` makes all
@@ -52,10 +151,107 @@ class Log(LogCore):
     once it is collected); ``restored`` is what ``open(..., replay=...)`` restored.
     """
 
-    _rotator: Rotator
+    def __init__(
+        self,
+        dest: Destination,
+        enumerate_all: EnumerateAll,
+        *,
+        settings: LogSettings,
+        codec: Codec,
+        metadata: Any,
+        writer_id: str,
+        writer_lock: WriterLock,
+        lease_ttl: float,
+        last_seq: int,
+        next_lsn: int,
+        complete_logs: list[int],
+        rotate_bytes: int | None,
+        rotate_records: int | None,
+        rotate_interval: float | None,
+        retain: int,
+        on_error: Callable[[BaseException], None] | None,
+        secondaries: Sequence[SecondaryEntry],
+        rotate_on_signal: int | None,
+        restored: RestoreResult | None,
+        after_snapshot: bool = False,
+    ) -> None:
+        """Open the log: start its threads and secondaries, write its first complete log.
 
-    def __init__(self, dest: Destination, settings: _Settings, codec: Codec, metadata: Any) -> None:
-        super().__init__(dest, settings, codec, metadata)
+        ``writer_lock`` is held already (taken with ``writer_id``); the logs at ``dest``
+        end with log ``last_seq`` before LSN ``next_lsn``, and ``complete_logs`` are the
+        complete ones among them. With ``after_snapshot`` (log ``last_seq`` holds a fresh
+        snapshot and nothing after it, just replayed) the first log starts after it
+        without an enumeration. On failure everything is let go (the lock too) and the
+        error is raised.
+        """
+        self.dest = dest
+        self.settings = settings
+        self.codec = codec
+        self.metadata = metadata
+        self.writer_id = writer_id
+        #: What ``open(..., replay=...)`` restored before opening (None without ``replay``).
+        self.restored = restored
+        self._encode = codec.encode
+        self._lock = threading.Lock()
+        self._io_lock = threading.RLock()
+        # The group commit's thread must not keep the Log alive: it reaches it weakly.
+        ref = weakref.ref(self)
+
+        def sync_through(lsn: int) -> None:
+            lg = ref()
+            if lg is None:
+                raise LogClosedError("the log was closed")
+            lg._sync_through(lsn)
+
+        def durable() -> int:
+            lg = ref()
+            return lg._durable_lsn if lg is not None else 1 << 63
+
+        def check() -> None:
+            lg = ref()
+            if lg is not None:
+                lg._check()
+
+        self._group = GroupCommit(sync_through, durable, check, f"persistlog-sync {dest.url}")
+        # Records are encoded straight into one growing buffer (a CBOR sequence), which
+        # saves a bytes object per record; _pos is the end of the last whole record.
+        self._fp = io.BytesIO()
+        self._enc_encode = codec.record_encoder(self._fp)  # returns the buffer's new end
+        self._pos = 0
+        self._buf_first = next_lsn
+        self._snap: list[int] = []
+        self._batch_bytes = settings.batch_bytes
+        self._blocked = False  # failed, closed or interrupted: the slow path sorts it out
+        # Records taken out of the buffer for a batch that the segment writer may not hold
+        # yet: (payload, snapshot offsets, first LSN, next LSN), and the framed batch.
+        self._taking: tuple[bytes, list[int], int, int] | None = None
+        self._taking_batch: bytes | None = None
+        self._next_lsn = next_lsn
+        self._written_lsn = next_lsn
+        self._durable_lsn = next_lsn
+        self._sw: SegmentWriter | None = None
+        self._seq = last_seq
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._let_go = False  # the writer, secondaries and lock were let go
+        self._sync_each = settings.durability == "fsync"
+        # update() hands its batch over once its LSN reaches this: at once in flush and
+        # fsync modes, else at the record-count trigger's LSN (the rotator arms it), so that
+        # a trigger is seen after the batch that crosses it, not at the next timer tick.
+        self._eager = settings.durability != "buffered"
+        self._cut_lsn = 0 if self._eager else NEVER
+        # Held (a plain lock, not an Event: see _wait_for_switch) while a fired trigger
+        # holds the writers; released once the new log is started.
+        self._switching: threading.Lock | None = None
+        self._lock_handle: WriterLock | None = writer_lock
+        self._lease_ttl = lease_ttl
+        # Figures for stats() and rotation triggers.
+        self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
+        self._log_update_records = 0
+        # Where the current log's ``complete`` record stands, once written: its seal says so.
+        self._complete_lsn: int | None = None
+        self._secondaries: list[Secondary] = []
+        # Background work and closing.
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
         self._old_handler: Any = None
@@ -64,39 +260,111 @@ class Log(LogCore):
         self._opened_at = time.time()
         self._close_lock = threading.Lock()
         self._close_done = False
-        self._lease_ttl = LEASE_TTL
-        self._registered = False  # sealed at exit / when collected (open() succeeded)
-        #: What ``open(..., replay=...)`` restored before opening (None without ``replay``).
-        self.restored: RestoreResult | None = None
+        self._registered = False  # sealed at exit / when collected (opening succeeded)
+        try:
+            self._rotator = Rotator(
+                self,
+                enumerate_all,
+                rotate_bytes=rotate_bytes,
+                rotate_records=rotate_records,
+                rotate_interval=rotate_interval,
+                retain=retain,
+                on_error=on_error,
+                known_complete=complete_logs,
+                on_complete=self._on_complete,
+            )
+            for entry in secondaries:
+                if isinstance(entry, tuple) and len(entry) == 2:
+                    self._secondaries.append(self._make_secondary(entry[0], entry[1]))
+                elif isinstance(entry, (str, os.PathLike)):
+                    self._secondaries.append(self._make_secondary(entry, None))
+                else:
+                    raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
+            interval = settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL
+            self._start_background(interval, None if dest.appendable else lease_ttl / 3)
+            if rotate_on_signal is not None:
+                self._install_signal(rotate_on_signal)
+            if after_snapshot:
+                self._rotator.start_after_snapshot()
+            else:
+                self._rotator.wait(self._rotator.request(coalesce=False))
+        except BaseException:
+            self._abandon()
+            raise
+        self._registered = True
+        _exit.register(self)
 
     # -- public API ---------------------------------------------------------------------
 
-    # update(), update_many() come from LogCore; they are documented here for readers.
-    update = LogCore.update
-    update.__doc__ = """Append ``record``; returns its LSN.
+    def update(self, record: Any, sync: bool = False) -> int:
+        """Append ``record``; returns its LSN.
 
-    Raises ``TypeError`` before anything is written if the record cannot be encoded, or
-    if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
-    32 MiB or nests more than 256 levels deep (lists, tuples, dicts, sets and tags on its
-    deepest path, with what a ``Codec``'s encode functions return counted in). A value
-    that contains itself raises ``TypeError``, as any value CBOR cannot hold.
-    In ``buffered`` mode (the default) the record reaches the OS within the flush
-    interval (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this
-    returns; in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
-    sharing one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile
-    propagates as itself: the record may or may not be logged, the Log stays usable.
-    """
-    update_many = LogCore.update_many
-    update_many.__doc__ = """Append several records as one unit; returns the LSN of the last
-    (``None`` for no records: nothing is written).
+        Raises ``TypeError`` before anything is written if the record cannot be encoded, or
+        if ``sync`` is not ``True`` or ``False``; ``ValueError`` if it encodes to more than
+        32 MiB or nests more than 256 levels deep (lists, tuples, dicts, sets and tags on its
+        deepest path, with what a ``Codec``'s encode functions return counted in). A value
+        that contains itself raises ``TypeError``, as any value CBOR cannot hold.
+        In ``buffered`` mode (the default) the record reaches the OS within the flush
+        interval (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this
+        returns; in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
+        sharing one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile
+        propagates as itself: the record may or may not be logged, the Log stays usable.
+        """
+        # One identity test for the usual sync=False (a truthy "yes" must not pass).
+        if sync is not False and sync is not True:
+            raise _not_bool(sync)
+        # _buffer(record, False), inlined: the extra call costs update() about a sixth of
+        # its speed (bench: update() against the naive loop), and this is the hot path.
+        with self._lock:
+            if self._blocked:
+                self._unblock()
+            pos = self._pos
+            try:
+                end = self._enc_encode(record)
+            except BaseException as e:
+                self._blocked = True  # what was encoded of it is cut before the next append
+                if isinstance(e, Exception):
+                    raise encode_error(e) from None
+                raise
+            if end <= _MAX_RECORD:
+                self._pos = end
+                lsn = self._next_lsn
+                self._next_lsn = lsn + 1
+                data = None
+            else:
+                self._blocked = True
+                data = self._take_back(pos, end)
+        if data is not None:
+            lsn, end = self._append_encoded([data], snapshot=False)
+        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+            self._commit(lsn, durable=sync or self._sync_each)
+        return lsn
 
-    ``records`` is an iterable of records (a list...); a ``str``, ``bytes`` or mapping is a
-    ``TypeError``, since each would iterate into characters, integers or keys. The records
-    go into one batch, so a crash keeps all of them or none. Every record is encoded first:
-    if any cannot be, ``TypeError`` is raised and none is written; if together they are
-    more than one batch holds (about 56 MiB), ``ValueError``. Each record has
-    ``update()``'s limits (32 MiB, 256 levels deep).
-    """
+    def update_many(self, records: Iterable[Any], sync: bool = False) -> int | None:
+        """Append several records as one unit; returns the LSN of the last (``None`` for no
+        records: nothing is written).
+
+        ``records`` is an iterable of records (a list...); a ``str``, ``bytes`` or mapping is a
+        ``TypeError``, since each would iterate into characters, integers or keys. The records
+        go into one batch, so a crash keeps all of them or none. Every record is encoded first:
+        if any cannot be, ``TypeError`` is raised and none is written; if together they are
+        more than one batch holds (about 56 MiB), ``ValueError``. Each record has
+        ``update()``'s limits (32 MiB, 256 levels deep).
+        """
+        if sync is not False and sync is not True:
+            raise _not_bool(sync)
+        items, body = self._encode_many(records)
+        if not items:
+            return None
+        staged = self._stage_many(len(items), body)
+        if staged is None:
+            # Too big for the buffer as it stands: check each record's size, and write what
+            # is buffered first if the call does not fit beside it.
+            staged = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
+        lsn, end = staged
+        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+            self._commit(lsn, durable=sync or self._sync_each)
+        return lsn
 
     def sync(self) -> None:
         """Make every record appended so far durable (fsync locally, PUT remotely).
@@ -108,6 +376,20 @@ class Log(LogCore):
             self._check()
             self._write_pending()
             self._sync_primary()
+
+    def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
+        """Start a new log now; returns its seq once complete (``wait=True``).
+
+        If ``enumerate_all`` raises, this raises :class:`EnumerateError` (the app's
+        exception is its cause) and the log keeps working in the incomplete log. Called
+        from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for itself).
+        """
+        self._rotator.refuse_from_rotation_thread("rotate()")
+        self._check()
+        fut = self._rotator.request(coalesce=False)
+        if not wait:
+            return None
+        return self._rotator.wait(fut, timeout)
 
     def add_destination(
         self,
@@ -126,80 +408,62 @@ class Log(LogCore):
         self._rotator.refuse_from_rotation_thread("add_destination()")
         self._check()
         url = destination_url(url)
-        if any(r.dest.url == url for r in self._replicas) or url == self.dest.url:
+        if any(r.dest.url == url for r in self._secondaries) or url == self.dest.url:
             raise ValueError(f"{url} is already a destination of this log")
-        replica = self._make_replica(url, storage_options)
-        if replica.error is not None:
+        secondary = self._make_secondary(url, storage_options)
+        if secondary.error is not None:
             # Asked for by name, so unlike a secondary given to open() it is not kept.
-            replica.close()
-            if isinstance(replica.error, WriterConflict):
-                raise replica.error
-            raise DestinationError(f"cannot open secondary {url} for writing: {replica.error}") from replica.error
+            secondary.close()
+            if isinstance(secondary.error, WriterConflict):
+                raise secondary.error
+            raise DestinationError(f"cannot open secondary {url} for writing: {secondary.error}") from secondary.error
         with self._io_lock:
-            self._replicas.append(replica)
+            self._secondaries.append(secondary)
         seq = self.rotate(wait=wait, timeout=timeout)
-        if wait and seq is not None and not replica.wait_complete(seq, timeout):
-            raise DestinationError(f"secondary {url} did not complete log {seq}: {replica.error!r}") from replica.error
+        if wait and seq is not None and not secondary.wait_complete(seq, timeout):
+            raise DestinationError(f"secondary {url} did not complete log {seq}: {secondary.error!r}") from secondary.error
 
     def remove_destination(self, url: str) -> None:
         """Detach a secondary destination (its current log is sealed and left in place)."""
         with self._io_lock:
-            for replica in self._replicas:
-                if replica.dest.url == url:
-                    self._replicas.remove(replica)
+            for secondary in self._secondaries:
+                if secondary.dest.url == url:
+                    self._secondaries.remove(secondary)
                     break
             else:
                 raise ValueError(f"{url} is not a secondary destination of this log")
-        replica.close(seal=True)
-
-    def _make_replica(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Replica:
-        dest = _destination(url, storage_options)
-        replica = Replica(
-            dest,
-            writer_id=self.writer_id,
-            segment_bytes=self.settings.segment_bytes,
-            retain=self._rotator.retain,
-            flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
-            lease_ttl=self._lease_ttl,
-            # Weakly, like the Log's other threads: a Log nobody holds is collected (and
-            # warned about and sealed) even while its secondaries' threads run.
-            on_ready=_weak_call(weakref.WeakMethod(self._secondary_ready)),
-        )
-        replica.attach()
-        return replica
-
-    def _secondary_ready(self) -> None:
-        # A secondary taken back mid-log gets the next log whole: start one now rather
-        # than at a size trigger that may be hours away.
-        if not self._closed and self._failed is None:
-            self._rotator.request()
-
-    def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
-        """Start a new log now; returns its seq once complete (``wait=True``).
-
-        If ``enumerate_all`` raises, this raises :class:`EnumerateError` (the app's
-        exception is its cause) and the log keeps working in the incomplete log. Called
-        from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for itself).
-        """
-        self._rotator.refuse_from_rotation_thread("rotate()")
-        self._check()
-        fut = self._rotator.request(coalesce=False)
-        if not wait:
-            return None
-        return self._rotator.wait(fut, timeout)
+        secondary.close(seal=True)
 
     @property
     def seq(self) -> int:
         """The seq of the log being written."""
         return self._seq
 
-    @seq.setter
-    def seq(self, value: int) -> None:
-        self._seq = value
-
     @property
     def url(self) -> str:
+        """The primary destination's URL."""
         return self.dest.url
+
+    @property
+    def next_lsn(self) -> int:
+        """The LSN the next record appended will get."""
+        return self._next_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        """The LSN up to which every record is durable."""
+        return self._durable_lsn - 1
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that failed the Log (a storage error, a lost lease), after which it
+        refuses writes; None while it is healthy."""
+        return self._failed
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called (the Log then refuses updates)."""
+        return self._closed
 
     def stats(self) -> dict[str, Any]:
         """Counts, bytes, logs, the last rotation, the last error, destination health.
@@ -208,7 +472,7 @@ class Log(LogCore):
         old logs are deleted after it.
         """
         r = self._rotator
-        sw = self._current_writer
+        sw = self._sw
         return {
             **self._counts,
             "durability": self.settings.durability,
@@ -236,7 +500,7 @@ class Log(LogCore):
                     "error": repr(self._failed) if self._failed else None,
                 }
             ]
-            + [r.stats() for r in list(self._replicas)],
+            + [r.stats() for r in list(self._secondaries)],
         }
 
     def close(self, rotate: bool = False) -> None:
@@ -246,8 +510,8 @@ class Log(LogCore):
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
         none of the updates before it, and the next ``open(..., replay=)`` starts writing
-        after that snapshot instead of enumerating again (see :func:`open`): a slower
-        shutdown for a faster next start. If
+        after that snapshot instead of enumerating again (see :func:`persistlog.open`): a
+        slower shutdown for a faster next start. If
         that enumeration raises, the log is still closed (restore then reads the previous
         complete log as usual) and :class:`EnumerateError` is raised after.
         Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
@@ -263,6 +527,429 @@ class Log(LogCore):
                 raise
         self._close(None)
 
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "failed" if self._failed else "closed" if self._closed else "open"
+        return f"<persistlog.Log {self.dest.url!r} log={self._seq} next_lsn={self._next_lsn} {state}>"
+
+    def __del__(self) -> None:
+        if self.__dict__.get("_close_done", True) or not self.__dict__.get("_registered", False):
+            return  # closed, or never opened (a failed opening lets everything go)
+        warnings.warn(
+            f"{self!r} was never closed; closing it now (call close(), or use 'with')",
+            ResourceWarning,
+            source=self,
+        )
+        _exit.close_collected(self)
+
+    # -- appending ----------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise LogFailedError(f"the log at {self.dest.url} failed earlier: {self._failed}") from self._failed
+        if self._closed:
+            raise LogClosedError(f"the log at {self.dest.url} is closed")
+
+    def _unblock(self) -> None:
+        """The slow path of an append (holds ``_lock``): raise if failed or closed, else cut
+        what an interruption left past ``_pos`` and take the fast path again."""
+        self._check()
+        self._fp.seek(self._pos)
+        self._fp.truncate()
+        self._blocked = False
+        # _fail() sets _failed before _blocked: whichever order this runs in, it stays set.
+        if self._failed is not None or self._closed:
+            self._blocked = True
+
+    def _buffer(self, record: Any, snapshot: bool) -> tuple[int, int]:
+        """Encode one record into the batch buffer; returns (its LSN, buffered bytes)."""
+        staged = self._stage(record, snapshot)
+        if isinstance(staged, bytes):
+            return self._append_encoded([staged], snapshot)
+        return staged
+
+    def _stage(self, record: Any, snapshot: bool) -> tuple[int, int] | bytes:
+        """Encode one record into the batch buffer, touching no storage: (its LSN, buffered
+        bytes), or the record's bytes when they must go through ``_append_encoded``.
+
+        The hot path: one encode inside a short critical section.
+        """
+        with self._lock:
+            if self._blocked:
+                self._unblock()
+            pos = self._pos
+            try:
+                end = self._enc_encode(record)
+            except BaseException as e:
+                self._blocked = True
+                if isinstance(e, Exception):
+                    raise encode_error(e) from None
+                raise
+            if end <= _MAX_RECORD:
+                self._pos = end
+                lsn = self._next_lsn
+                if snapshot:
+                    self._snap.append(lsn - self._buf_first)
+                self._next_lsn = lsn + 1
+                return lsn, end
+            # A big record, or a buffer grown past a record's limit: check the size and
+            # cut batches on the slow path (the limit is below a batch's).
+            self._blocked = True  # cut by the next append if interrupted from here
+            return self._take_back(pos, end)
+
+    def _rewind(self, pos: int) -> None:
+        """Drop a partly encoded record (or call) so nothing of it is ever written."""
+        self._fp.seek(pos)
+        self._fp.truncate()
+
+    def _take_back(self, pos: int, end: int) -> bytes:
+        """The bytes of a record just encoded at ``pos``, removed from the buffer."""
+        data = self._fp.getvalue()[pos:end]
+        self._rewind(pos)
+        return data
+
+    def _append_encoded(self, records: list[bytes], snapshot: bool, whole: bool = False) -> tuple[int, int]:
+        """Append encoded records, cutting batches so none exceeds the format's limit.
+
+        The slow path for big records and big calls: returns (last LSN, buffered bytes).
+        Nothing is appended if any record is over the size limit. With ``whole`` the
+        records go into one batch (the caller checked they fit in one): what is buffered
+        is written first if they do not fit beside it.
+        """
+        for data in records:
+            if len(data) > _MAX_RECORD:
+                raise _too_large(len(data))
+        need = sum(map(len, records)) if whole else 0
+        lsn = end = 0
+        i = 0
+        while i < len(records):
+            with self._lock:
+                if self._blocked:
+                    self._unblock()
+                end = self._pos
+                room = end == 0 or end + need <= _BATCH_FILL
+                self._blocked = True  # until the records written below are all counted
+                while room and i < len(records) and (end == 0 or end + len(records[i]) <= _BATCH_FILL):
+                    size = len(records[i])
+                    self._fp.write(records[i])
+                    end += size
+                    self._pos = end
+                    if snapshot:
+                        self._snap.append(self._next_lsn - self._buf_first)
+                    self._next_lsn += 1
+                    i += 1
+                lsn = self._next_lsn - 1
+                self._blocked = False
+                if self._failed is not None or self._closed:
+                    self._blocked = True
+            if i < len(records):
+                with self._io_lock:  # make room: what is buffered becomes a batch
+                    self._check()
+                    self._write_pending(flush=False)
+        return lsn, end
+
+    def _encode_many(self, records: Iterable[Any]) -> tuple[list[Any], memoryview]:
+        """The records of an ``update_many()`` as a list, and their encoded bytes one after
+        another; raises before anything is appended."""
+        if isinstance(records, (str, bytes, bytearray, memoryview, Mapping)):
+            # Each would iterate into characters, ints or keys: never what was meant.
+            raise TypeError(
+                f"update_many() takes an iterable of records (a list...), not a {type(records).__name__}; "
+                "for one record use update()"
+            )
+        try:
+            items = records if isinstance(records, list) else list(records)
+        except TypeError:
+            raise TypeError(
+                f"update_many() takes an iterable of records, not a {type(records).__name__}"
+            ) from None
+        check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
+        # One encoder call for the whole list is much cheaper than one per record: encode
+        # it as an array and keep only the items (the array header is 1-9 bytes long).
+        try:
+            encoded = self._encode(items)
+        except Exception as e:
+            raise encode_error(e) from None
+        body = memoryview(encoded)[_array_header_len(len(items)):]
+        if len(body) > _BATCH_FILL:
+            # One batch is what a crash keeps or drops whole: a bigger call could be torn.
+            raise ValueError(
+                f"update_many() of {len(body)} bytes exceeds the {_BATCH_FILL} bytes one batch "
+                "holds; split it into smaller calls"
+            )
+        return items, body
+
+    def _stage_many(self, n: int, body: memoryview) -> tuple[int, int] | None:
+        """Append ``n`` encoded records to the batch buffer, touching no storage: (the last
+        LSN, buffered bytes), or None when they do not fit beside what is buffered."""
+        with self._lock:
+            if self._blocked:
+                self._unblock()
+            end = self._pos + len(body)
+            if len(body) > _MAX_RECORD or end > _BATCH_FILL:
+                return None
+            self._blocked = True
+            self._fp.write(body)
+            self._pos = end
+            self._next_lsn += n
+            self._blocked = False
+            if self._failed is not None or self._closed:
+                self._blocked = True
+            return self._next_lsn - 1, end
+
+    def _emit(self, record: Any) -> None:
+        """Append a snapshot record (from the enumerate callback)."""
+        lsn, end = self._buffer(record, True)
+        if end >= self._batch_bytes:
+            self._commit(lsn, durable=False)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _commit(self, lsn: int, durable: bool) -> None:
+        """Return once the record at ``lsn`` is written (and durable if asked)."""
+        if durable:
+            self._group.wait(lsn)
+        elif self._written_lsn <= lsn:
+            with self._io_lock:
+                if self._written_lsn <= lsn:
+                    self._check()
+                    self._write_pending()
+        switching = self._switching
+        if switching is not None:
+            # A size or count trigger fired: hold the writers who hand batches over until
+            # the rotation thread has switched to the new log, so that the old one grows
+            # past its trigger by at most the batch buffered meanwhile.
+            self._wait_for_switch(switching)
+
+    def _wait_for_switch(self, switching: threading.Lock) -> None:
+        # A plain lock, polled: an Event's wait() enters a Condition, whose Python-level
+        # __enter__ a KeyboardInterrupt can leave holding its lock, and then the rotation
+        # thread's set() would wait for it forever. A waiter interrupted while it holds this
+        # one delays the others by one poll at most (the rotator clears _switching first).
+        deadline = time.monotonic() + SWITCH_WAIT
+        while self._switching is switching and time.monotonic() < deadline:
+            if switching.acquire(timeout=0.05):
+                switching.release()
+                return
+
+    def _sync_through(self, lsn: int) -> None:
+        """Make the records up to ``lsn`` durable, with every record appended so far (the
+        group commit's sync)."""
+        with self._io_lock:
+            if self._durable_lsn > lsn:
+                return
+            # Not before the durable check: a close() that sealed the records made them
+            # durable, and their callers must not be told they failed.
+            self._check()
+            self._write_pending()
+            self._sync_primary()
+
+    def _write_pending(self, flush: bool = True) -> None:
+        """Frame every appended record into one batch and hand it over. Holds ``_io_lock``."""
+        if self._taking is not None:
+            self._hand_over(flush)  # an interrupted hand-over: older, so first
+        with self._lock:
+            if not self._pos:
+                if flush and self._sw is not None and self._failed is None:
+                    self._guarded(self._sw.flush)
+                return
+            payload = self._fp.getvalue()
+            if len(payload) != self._pos:
+                payload = payload[: self._pos]  # an interrupted encode's leftovers
+            taking = (payload, self._snap, self._buf_first, self._next_lsn)
+            # Out of the buffer and into _taking in one step, then the buffer is cleared
+            # (the slow path clears it if this is interrupted).
+            self._taking = taking
+            self._blocked = True
+            self._pos = 0
+            self._snap = []
+            self._buf_first = taking[3]
+            self._rewind(0)
+            self._blocked = False
+            if self._failed is not None or self._closed:
+                self._blocked = True
+        self._hand_over(flush)
+
+    def _hand_over(self, flush: bool) -> None:
+        """Give the detached batch to the segment writer (and the secondaries)."""
+        taking = self._taking
+        assert taking is not None
+        payload, snaps, first, end = taking
+        data = self._taking_batch
+        if data is None:
+            data = _encoder.record_batch(payload, end - first, snaps, first, now_us(), self.settings.compression)
+            self._taking_batch = data
+        self._append(data, first, end, flush)
+        n_updates = end - first - len(snaps)
+        self._taking = None
+        self._taking_batch = None
+        c = self._counts
+        c["updates"] += n_updates
+        c["snapshot_records"] += len(snaps)
+        self._log_update_records += n_updates
+        self._rotator.check_triggers()
+
+    def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
+        sw = self._sw
+        assert sw is not None
+
+        def write() -> None:
+            sw.append(data, first, end)
+            if flush and (not isinstance(sw, ObjectSegments) or sw.pending_bytes >= self.settings.segment_bytes):
+                sw.flush()
+
+        self._guarded(write)
+        self._written_lsn = end
+        c = self._counts
+        c["batches"] += 1
+        c["bytes"] += len(data)
+        for secondary in self._secondaries:
+            secondary.batch(data, first, end)
+
+    def _flush_writer(self) -> None:
+        """Hand the current segment writer's buffered bytes to storage. Holds ``_io_lock``."""
+        if self._sw is not None:
+            self._guarded(self._sw.flush)
+
+    def _append_control(self, record: dict[str, Any]) -> None:
+        """Write a control batch at the current position. Holds ``_io_lock``."""
+        self._write_pending(flush=False)
+        pos = self._written_lsn
+        self._append(_encoder.control_batch([record], pos, now_us()), pos, pos)
+        self._rotator.check_triggers()
+
+    def _sync_primary(self) -> None:
+        sw = self._sw
+        assert sw is not None
+        self._guarded(sw.sync)
+        self._durable_lsn = self._written_lsn
+        self._counts["syncs"] += 1
+
+    def _guarded(self, op: Callable[[], None]) -> None:
+        """Run a storage operation; an ``OSError`` fails the Log for good. Anything else
+        (an interruption) propagates as itself: the segment writer settles what it cut
+        short at its next call."""
+        try:
+            op()
+        except OSError as e:
+            self._fail(e)
+            raise LogFailedError(f"writing to {self.dest.url} failed: {e}") from e
+
+    def _fail(self, e: BaseException) -> None:
+        if self._failed is None:
+            self._failed = e
+            self._blocked = True
+            log.error("log at %s failed and refuses further writes: %s", self.dest.url, e)
+
+    # -- log generations ----------------------------------------------------------------
+
+    def _start_log(self, seq: int) -> SegmentWriter:
+        """Create log ``seq`` durably and make it the target of every later batch.
+
+        Holds ``_io_lock`` throughout: what was appended before is written (and synced) to
+        the old log first, so the old log is complete before its successor exists.
+        """
+        with self._io_lock:
+            self._check()
+            old = self._sw
+            if old is not None:
+                self._write_pending(flush=False)
+                self._sync_primary()
+            first = self._written_lsn
+            header = {
+                "t": F.CONTROL_HEADER,
+                "v": F.FORMAT_VERSION,
+                "seq": seq,
+                "first_lsn": first,
+                "writer": self.writer_id,
+                "created": now_us(),
+                "metadata": self.metadata,
+            }
+            sw = segment_writer(self.dest, seq, self.settings.segment_bytes)
+            batch = _encoder.control_batch([header], first, now_us())
+            try:
+                sw.start(first, batch)
+            except FileExistsError as e:
+                self._fail(WriterConflict(f"log {seq} already exists at {self.dest.url}: another writer?"))
+                raise WriterConflict(f"log {seq} already exists at {self.dest.url}: another writer?") from e
+            except BaseException as e:
+                self._fail(e)
+                raise LogFailedError(f"creating log {seq} at {self.dest.url} failed: {e}") from e
+            self._sw = sw
+            self._seq = seq
+            self._log_update_records = 0
+            if old is not None:
+                self._seal(old, first)
+            self._complete_lsn = None
+            for secondary in self._secondaries:
+                if old is not None:
+                    secondary.seal()
+                secondary.start(seq, first, batch)
+            return sw
+
+    def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
+        complete_lsn = self._complete_lsn
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn)))
+
+    @property
+    def _current_writer(self) -> SegmentWriter | None:
+        """The segment writer of the log being written (None before the first log)."""
+        return self._sw
+
+    def _on_complete(self, seq: int, complete_lsn: int) -> None:
+        for secondary in list(self._secondaries):
+            secondary.complete(seq, complete_lsn)
+
+    # -- secondaries --------------------------------------------------------------------
+
+    def _make_secondary(self, url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Secondary:
+        dest = destination_at(url, storage_options)
+        secondary = Secondary(
+            dest,
+            writer_id=self.writer_id,
+            segment_bytes=self.settings.segment_bytes,
+            retain=self._rotator.retain,
+            flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
+            lease_ttl=self._lease_ttl,
+            # Weakly, like the Log's other threads: a Log nobody holds is collected (and
+            # warned about and sealed) even while its secondaries' threads run.
+            on_ready=_weak_call(weakref.WeakMethod(self._secondary_ready)),
+        )
+        secondary.attach()
+        return secondary
+
+    def _secondary_ready(self) -> None:
+        # A secondary taken back mid-log gets the next log whole: start one now rather
+        # than at a size trigger that may be hours away.
+        if not self._closed and self._failed is None:
+            self._rotator.request()
+
+    # -- the writer lease ---------------------------------------------------------------
+
+    def _renew_lock(self) -> None:
+        if self._lock_handle is None:
+            return
+        try:
+            self._lock_handle.renew()
+        except LockHeld as e:
+            self._fail(WriterConflict(f"lost the writer lease on {self.dest.url}: {e}"))
+        except OSError as e:
+            log.warning("renewing the writer lease on %s failed: %s", self.dest.url, e)
+
+    def _release(self) -> None:
+        if self._lock_handle is not None:
+            release_writer_lock(self._lock_handle, self.dest.url)
+            self._lock_handle = None
+
+    # -- closing ------------------------------------------------------------------------
+
     def _close(self, rotation_wait: float | None) -> None:
         with self._close_lock:
             if self._close_done:
@@ -275,11 +962,47 @@ class Log(LogCore):
             # An interruption (a KeyboardInterrupt, not an Exception) leaves the close
             # unfinished: calling close() again, or the interpreter's exit, finishes it.
             try:
-                super().close()
+                self._seal_and_let_go()
             except Exception:
                 self._closed_for_good()
                 raise
             self._closed_for_good()
+
+    def _seal_and_let_go(self) -> None:
+        """Write what is pending, seal the current log, let go of the writers and the lock.
+
+        If an interruption (not an ``OSError``) stops it, the Log stays closed to updates
+        but holds on to its records, writer and lock: calling it again finishes the job.
+        """
+        with self._io_lock:
+            if self._let_go:
+                return
+            self._group.stop()
+            with self._lock:
+                # From here update() raises LogClosedError: every record it accepted before
+                # is in the batch written below, none is accepted and then dropped.
+                self._closed = True
+                self._blocked = True
+            try:
+                if self._failed is None and self._sw is not None and not self._sw.sealed:
+                    self._write_pending(flush=False)
+                    self._seal(self._sw, self._written_lsn)
+                    self._durable_lsn = self._written_lsn
+            except Exception:
+                self._let_everything_go()
+                raise
+            self._let_everything_go()
+
+    def _let_everything_go(self) -> None:
+        self._let_go = True
+        for secondary in self._secondaries:
+            secondary.close(seal=self._failed is None)
+        if self._sw is not None:
+            try:
+                self._sw.close()
+            except OSError:
+                pass
+        self._release()
 
     def _closed_for_good(self) -> None:
         self._close_done = True
@@ -293,27 +1016,16 @@ class Log(LogCore):
         log.info("closing the log at %s, which was left open", self.dest.url)
         self._close(rotation_wait)
 
-    def __del__(self) -> None:
-        if self.__dict__.get("_close_done", True) or not self.__dict__.get("_registered", False):
-            return  # closed, or never opened (open() closes what it fails to open)
-        warnings.warn(
-            f"{self!r} was never closed; closing it now (call close(), or use 'with')",
-            ResourceWarning,
-            source=self,
-        )
-        _exit.close_collected(self)
-
-    def __enter__(self) -> Log:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "failed" if self._failed else "closed" if self._closed else "open"
-        return f"<persistlog.Log {self.dest.url!r} log={self._seq} next_lsn={self._next_lsn} {state}>"
+    def _abandon(self) -> None:
+        """Let everything go after a failed opening; what closing raises is only logged."""
+        try:
+            if hasattr(self, "_rotator"):
+                self.close()
+            else:
+                self._release()
+                self.dest.close()
+        except Exception as e:
+            log.debug("closing after a failed open: %s", e)
 
     # -- background work ----------------------------------------------------------------
 
@@ -327,12 +1039,11 @@ class Log(LogCore):
         )
         self._ticker.start()
 
-    def _on_complete(self, seq: int, complete_lsn: int) -> None:
-        for replica in list(self._replicas):
-            replica.complete(seq, complete_lsn)
+    def _has_pending(self) -> bool:
+        return self._pos > 0 or self._taking is not None
 
     def _sw_pending(self) -> bool:
-        sw = self._current_writer
+        sw = self._sw
         return bool(sw is not None and getattr(sw, "_pending", None))
 
     def _install_signal(self, signum: int) -> None:
@@ -353,203 +1064,6 @@ class Log(LogCore):
             except (ValueError, TypeError):
                 pass
             self._signal = None
-
-
-def _weak_call(method: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
-    """A callable that calls ``method`` while its object is alive, and does nothing after."""
-
-    def call() -> None:
-        bound = method()
-        if bound is not None:
-            bound()
-
-    return call
-
-
-def open(
-    url: str | os.PathLike[str],
-    enumerate_all: EnumerateAll,
-    *,
-    durability: str = "buffered",
-    rotate_bytes: int | None = DEFAULT_ROTATE_BYTES,
-    rotate_records: int | None = None,
-    rotate_interval: float | None = None,
-    retain: int = 2,
-    rotate_on_signal: int | None = None,
-    metadata: Any = None,
-    codec: Codec | None = None,
-    storage_options: dict[str, Any] | None = None,
-    compression: str | None = None,
-    on_error: Callable[[BaseException], None] | None = None,
-    secondaries: list[str | os.PathLike[str] | tuple[str | os.PathLike[str], dict[str, Any] | None]] | None = None,
-    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-    batch_bytes: int = DEFAULT_BATCH_BYTES,
-    flush_interval: float | None = None,
-    lease_ttl: float = LEASE_TTL,
-    replay: Callable[[Any], Any] | None = None,
-    replay_batch: Callable[[list[Any]], Any] | None = None,
-    recovery: str = "strict",
-    discard_existing: bool = False,
-) -> Log:
-    """Open the log at ``url`` for writing and start a new log with a full enumeration.
-
-    Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
-    resource, and returns once that first log is complete (if it raises, the log is closed
-    and :class:`EnumerateError` is raised). A second writer on the same destination gets
-    :class:`WriterConflict`. Emitted records and ``metadata`` nest at most 256 levels deep,
-    as ``update()``'s records do (``ValueError``).
-
-    The new log replaces what the destination holds, so the app must have replayed it:
-    with ``replay=`` (or ``replay_batch=``) open restores first, holding the writer lock,
-    with :func:`persistlog.restore`'s meaning and options (``recovery``, ``codec``,
-    ``storage_options``) and keeps the :class:`RestoreResult` in ``log.restored``; or call
-    ``restore(url, ...)`` first in the same process, with nothing written in between.
-    Otherwise a destination holding records raises :class:`ExistingLogError`, unless
-    ``discard_existing=True`` (start over; the old logs go by retention).
-
-    One open skips the enumeration: when it replays (``replay=``/``replay_batch=``) a
-    newest log that is complete and holds its snapshot and nothing after it, as
-    ``close(rotate=True)`` leaves it, opened with the same ``metadata`` and without
-    ``secondaries``, the new log starts after that snapshot without calling
-    ``enumerate_all``: the snapshot stays the restore point until the next rotation (a
-    trigger, or ``rotate()``) writes a new one. The state it holds is the one just
-    replayed, so an enumeration would write the same records again. (After
-    ``restore()`` then ``open()`` the app may have changed its state in between: that
-    open enumerates.)
-
-    ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
-    turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
-    in the current log), ``rotate_interval`` (seconds), ``rotate_on_signal`` (e.g.
-    ``signal.SIGUSR1``; main thread only; the previous handler is restored on close). A
-    log ends within about one batch (``batch_bytes``) of its size or count trigger; one
-    crossed while the log's own enumeration is still written fires when it ends. ``retain`` complete
-    logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
-    ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
-    more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
-    through their own writer threads; ``storage_options`` apply to the primary.
-    ``lease_ttl`` is how long an object-store writer lease lasts without renewal (a
-    crashed writer's destination can be taken over after it).
-    """
-    if not callable(enumerate_all):
-        raise TypeError("enumerate_all must be a callable taking emit")
-    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
-        raise ValueError(f"retain must be an integer >= 1, not {retain!r}")
-    for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
-    if rotate_interval is not None and (not isinstance(rotate_interval, (int, float)) or rotate_interval <= 0):
-        raise ValueError(f"rotate_interval must be a positive number of seconds or None, not {rotate_interval!r}")
-    if codec is not None and not isinstance(codec, Codec):
-        raise TypeError(f"codec must be a persistlog.Codec, not {type(codec).__name__}")
-    if replay is not None and replay_batch is not None:
-        raise TypeError("open() takes replay= or replay_batch=, not both")
-    if recovery not in ("strict", "skip"):
-        raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
-    if not isinstance(discard_existing, bool):
-        raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
-    settings = _Settings(
-        durability=durability,
-        batch_bytes=batch_bytes,
-        segment_bytes=segment_bytes,
-        flush_interval=flush_interval,
-        compression=compression,
-    )
-    codec = codec or Codec()
-    check_depth(metadata, "metadata")
-    try:
-        # Exactly as the log header will hold it: plain CBOR, which every reader decodes
-        # without the app's codec, so a Codec-registered object cannot go in it.
-        _encoder.control_batch([{"metadata": metadata}], F.FIRST_LSN, 0)
-    except Exception as e:
-        raise TypeError(f"metadata must be a plain CBOR value (no Codec-registered objects): {e}") from None
-    dest = _destination(url, storage_options)
-    lg = Log(dest, settings, codec, metadata)
-    if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
-        raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
-    lg._acquire(lease_ttl)
-    lg._lease_ttl = float(lease_ttl)
-    try:
-        if replay is not None or replay_batch is not None:
-            # Under the writer lock: nothing can be written between the replay and the
-            # new log that takes its place.
-            lg.restored = restore(
-                url, replay, replay_batch=replay_batch, recovery=recovery, codec=codec,
-                storage_options=storage_options,
-            )
-        try:
-            logs = list_logs(dest)
-            pointer = read_pointer(dest)
-            last_seq, next_lsn = _end_of_logs(dest, logs)
-        except OSError as e:
-            raise DestinationError(f"cannot read {dest.url}: {e}") from e
-        holds_records = next_lsn > F.FIRST_LSN
-        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
-            raise ExistingLogError(
-                f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
-                "process did not restore; opening would start a new log without them and "
-                "retention would delete them. Restore first: persistlog.open(url, "
-                "enumerate_all, replay=apply) (or replay_batch=), or persistlog.restore(url, "
-                "apply) then persistlog.open(url, ...) with nothing written in between; "
-                "pass discard_existing=True to start over on purpose"
-            )
-        lg._set_position(next_lsn, last_seq)
-        known = [pointer] if pointer is not None and pointer in logs else []
-        lg._rotator = Rotator(
-            lg,
-            enumerate_all,
-            rotate_bytes=rotate_bytes,
-            rotate_records=rotate_records,
-            rotate_interval=rotate_interval,
-            retain=retain,
-            on_error=on_error,
-            known_complete=known,
-            on_complete=lg._on_complete,
-        )
-        for entry in secondaries or []:
-            if isinstance(entry, tuple) and len(entry) == 2:
-                lg._replicas.append(lg._make_replica(entry[0], entry[1]))
-            elif isinstance(entry, (str, os.PathLike)):
-                lg._replicas.append(lg._make_replica(entry, None))
-            else:
-                raise TypeError(f"secondaries entries are URLs or (url, storage_options) pairs, not {entry!r}")
-        lg._after_batch = lg._rotator.check_triggers
-        interval = flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL
-        renew = None if dest.appendable else lease_ttl / 3
-        lg._start_background(interval, renew)
-        if rotate_on_signal is not None:
-            lg._install_signal(rotate_on_signal)
-        if not discard_existing and not secondaries and _fresh_snapshot(dest, logs, pointer, lg.restored, metadata):
-            lg._rotator.start_after_snapshot()
-        else:
-            lg._rotator.wait(lg._rotator.request(coalesce=False))
-    except BaseException:
-        _close_quietly(lg)
-        raise
-    lg._registered = True
-    _exit.register(lg)
-    log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
-    return lg
-
-
-def _fresh_snapshot(
-    dest: Destination, logs: dict[int, list[tuple[int, str]]], pointer: int | None,
-    restored: RestoreResult | None, metadata: Any,
-) -> bool:
-    """Whether the newest log, just replayed by open() itself, is a complete log holding its
-    snapshot and nothing after it (as ``close(rotate=True)`` leaves it), with the metadata
-    the app opens with: then it can stay the restore point, and an opening enumeration
-    would write the same state again."""
-    if restored is None or not restored.complete or restored.skipped or not logs:
-        return False
-    seq = max(logs)
-    if restored.logs != [seq] or pointer != seq:
-        return False
-    seal = newest_seal(dest, logs)
-    if seal is None or seal.get(F.SEAL_COMPLETE_LSN) != seal["next_lsn"]:
-        return False
-    header = log_header(dest, logs[seq])
-    return header is not None and header.get("metadata") == metadata
-
 
 def _tick(
     ref: weakref.ReferenceType[Log],
@@ -597,15 +1111,15 @@ def _tick(
             del lg
 
 
-def _close_quietly(lg: Log) -> None:
-    try:
-        if hasattr(lg, "_rotator"):
-            lg.close()
-        else:
-            lg._release()
-            lg.dest.close()
-    except Exception as e:
-        log.debug("closing after a failed open: %s", e)
+def _weak_call(method: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
+    """A callable that calls ``method`` while its object is alive, and does nothing after."""
+
+    def call() -> None:
+        bound = method()
+        if bound is not None:
+            bound()
+
+    return call
 
 
-__all__ = ["Log", "LogClosedError", "open"]
+__all__ = ["Log", "LogSettings", "SecondaryEntry", "destination_at", "release_writer_lock"]

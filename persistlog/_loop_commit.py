@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING
 
 from ._errors import LogClosedError, LogFailedError, PersistLogError
 from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
-from ._writer import LogCore
 
 if TYPE_CHECKING:
     import asyncio
+
+    from ._log import Log
 
 log = logging.getLogger("persistlog")
 
@@ -55,11 +56,11 @@ class LoopCommit:
     :meth:`request` is called on the loop's thread; :meth:`stop` from any other thread.
     """
 
-    def __init__(self, core: LogCore, loop: asyncio.AbstractEventLoop, name: str) -> None:
+    def __init__(self, lg: Log, loop: asyncio.AbstractEventLoop, name: str) -> None:
         # Reached weakly, as the Log's own threads reach it: a Log its app dropped unclosed
         # can be collected (and sealed), and then this thread ends.
-        self._core = weakref.ref(core)
-        weakref.finalize(core, self._wake)
+        self._lg = weakref.ref(lg)
+        weakref.finalize(lg, self._wake)
         self._loop = loop
         self._cv = threading.Condition(threading.Lock())
         self._waiting: list[_Waiter] = []
@@ -72,9 +73,9 @@ class LoopCommit:
     def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
         """A future resolved once the record at ``lsn`` is written (durable if asked), or
         None if it already is."""
-        core = self._core()
-        assert core is not None  # the AsyncLog asking holds its Log
-        if (core._durable_lsn if durable else core._written_lsn) > lsn:
+        lg = self._lg()
+        assert lg is not None  # the AsyncLog asking holds its Log
+        if (lg._durable_lsn if durable else lg._written_lsn) > lsn:
             return None
         fut: asyncio.Future[int] = self._loop.create_future()
         with self._cv:
@@ -118,19 +119,19 @@ class LoopCommit:
             started = time.monotonic()
             error: BaseException | None = None
             top = max(w[0] for w in group)
-            core = self._core()
+            lg = self._lg()
             try:
-                if core is None:
+                if lg is None:
                     raise LogClosedError("the log was closed")
                 # Writes every record appended so far, theirs included, and syncs if any
                 # of them asked; it also holds them while a fired trigger switches logs.
-                core._commit(top, durable=any(w[1] for w in group))
+                lg._commit(top, durable=any(w[1] for w in group))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
             else:
-                group += self._covered(core)
-            del core  # not held while idle
+                group += self._covered(lg)
+            del lg  # not held while idle
             last_sync = time.monotonic() - started
             with cv:
                 expect = len(group) + len(self._waiting)
@@ -152,12 +153,12 @@ class LoopCommit:
         finally:
             self._want = 0
 
-    def _covered(self, core: LogCore) -> list[_Waiter]:
+    def _covered(self, lg: Log) -> list[_Waiter]:
         """Take the waiters registered since the group was taken whose records the write just
         done covered anyway (appended before it took the buffer): this write answers them,
         not the next."""
         with self._cv:
-            durable, written = core._durable_lsn, core._written_lsn
+            durable, written = lg._durable_lsn, lg._written_lsn
             covered = [w for w in self._waiting if (durable if w[1] else written) > w[0]]
             if covered:
                 self._waiting = [w for w in self._waiting if (durable if w[1] else written) <= w[0]]
@@ -165,7 +166,7 @@ class LoopCommit:
 
     def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
         """On the loop: tell every task of a group how its write went, a slice at a time."""
-        core = self._core()
+        lg = self._lg()
         end = start + _SLICE
         if end < len(group):
             # The rest after the tasks this slice wakes: a timer or a connection due
@@ -177,19 +178,19 @@ class LoopCommit:
             # Whether the record is covered, not whether this write raised: a close() that
             # sealed the records made them durable even if this sync found the log closed,
             # and their tasks must not be told they failed.
-            if core is not None and (core._durable_lsn if durable else core._written_lsn) > lsn:
+            if lg is not None and (lg._durable_lsn if durable else lg._written_lsn) > lsn:
                 fut.set_result(lsn)
             else:
-                fut.set_exception(_failure(core, error))
+                fut.set_exception(_failure(lg, error))
 
 
-def _failure(core: LogCore | None, error: BaseException | None) -> PersistLogError:
+def _failure(lg: Log | None, error: BaseException | None) -> PersistLogError:
     """The exception a waiting task raises: the same types as the sync API's, a fresh
     instance per task (one raised in many tasks would collect all their tracebacks)."""
-    if core is None:
+    if lg is None:
         return LogClosedError("the log was closed")
     try:
-        core._check()
+        lg._check()
     except PersistLogError as e:
         return e
     failed = LogFailedError(f"a write failed: {error}")

@@ -41,6 +41,10 @@ HEADER_PEEK = 1024
 
 RECOVERY_MODES = ("strict", "skip")
 
+#: Where a scan resumes: (segment number, byte offset, the LSN due there). The LSN is None
+#: at a segment's start, whose header names it.
+ScanStart = tuple[int, int, int | None]
+
 # Filesystems zero-fill what a crash lost in whole blocks.
 _FS_BLOCK = 4096
 
@@ -263,7 +267,7 @@ class LogScanner:
         *,
         recovery: str = "strict",
         expect_first_lsn: int | None = None,
-        start: tuple[int, int, int] | None = None,
+        start: ScanStart | None = None,
         tail_ok: bool = False,
         more_segments: bool = False,
     ) -> None:
@@ -274,7 +278,7 @@ class LogScanner:
         self.segments = segments
         self.recovery = recovery
         self.expect_first_lsn = expect_first_lsn
-        self.start = start  # (segment number, offset, next LSN) to resume from
+        self.start = start
         self.tail_ok = tail_ok
         # True when the caller knows a later segment exists beyond those given, so that
         # none of them may end in a torn tail.
@@ -560,7 +564,7 @@ def end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tu
     seal = newest_seal(dest, logs)
     if seal is not None:
         return seq, int(seal["next_lsn"])
-    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))  # type: ignore[arg-type]
+    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))
     for _batch in scanner:
         pass
     next_lsn = scanner.state.next_lsn

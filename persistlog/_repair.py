@@ -39,7 +39,8 @@ from destinations.local import LocalDestination, fsync_dir
 from . import _encoder
 from . import _format as F
 from ._errors import DestinationError, WriterConflict
-from ._inspect import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress, inspect_destination
+from ._destination_check import inspect_destination
+from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
 
 log = logging.getLogger("persistlog")
 

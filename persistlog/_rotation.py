@@ -21,17 +21,22 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _format as F
 from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._segment_writer import move_pointer
-from ._writer import NEVER, LogCore
+
+if TYPE_CHECKING:
+    from ._log import Log
 
 log = logging.getLogger("persistlog")
 
 EnumerateAll = Callable[[Callable[[Any], None]], Any]
+
+# A cut LSN no record reaches: the record-count cut is off.
+NEVER = 1 << 62
 
 
 class Rotator:
@@ -39,7 +44,7 @@ class Rotator:
 
     def __init__(
         self,
-        core: LogCore,
+        lg: Log,
         enumerate_all: EnumerateAll,
         *,
         rotate_bytes: int | None,
@@ -50,7 +55,7 @@ class Rotator:
         known_complete: list[int],
         on_complete: Callable[[int, int], None] | None = None,
     ) -> None:
-        self.core = core
+        self.lg = lg
         self.enumerate_all = enumerate_all
         self.rotate_bytes = rotate_bytes
         self.rotate_records = rotate_records
@@ -124,12 +129,12 @@ class Rotator:
         complete log holding a fresh snapshot and nothing after it: restore starts there
         and reads this one after it, and the next trigger's rotation makes a new
         complete log as usual."""
-        core = self.core
-        seq = core.seq + 1
-        core._start_log(seq)
+        lg = self.lg
+        seq = lg.seq + 1
+        lg._start_log(seq)
         self._arm_records(False)
         log.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
-                 seq, core.dest.url, seq - 1)
+                 seq, lg.dest.url, seq - 1)
         return seq
 
     def _finished(self, fut: Future[int]) -> None:
@@ -146,48 +151,48 @@ class Rotator:
         log overshoots a trigger by at most about one batch (``batch_bytes``). A trigger
         crossed while the log's own enumeration still runs fires when it ends.
         """
-        core = self.core
-        sw = core._current_writer
+        lg = self.lg
+        sw = lg._current_writer
         if sw is None:
             return
-        records_due = self.rotate_records is not None and core._log_update_records >= self.rotate_records
+        records_due = self.rotate_records is not None and lg._log_update_records >= self.rotate_records
         # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
         # head of the queue is done once it is retaining; the others have not started.
         if len(self._queue) > 1 or (self._queue and not self.retaining):
             # Whole batches while a rotation is due or enumerating; this runs again after
             # it. (One only deleting old logs has a complete log already: queue the next.)
-            core._batch_bytes = core.settings.batch_bytes
+            lg._batch_bytes = lg.settings.batch_bytes
             self._arm_records(records_due)
             return
         log_bytes = sw.bytes_written - self._snapshot_bytes
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
             self._arm_records(True)
-            core._batch_bytes = core.settings.batch_bytes
+            lg._batch_bytes = lg.settings.batch_bytes
             # Set before the request: the rotation thread may switch before it returns.
             switching = threading.Lock()
             switching.acquire()
-            core._switching = switching
+            lg._switching = switching
             self.request()
             if self._stop:  # refused: the log is closing
                 self._switched()
             return
         self._arm_records(False)
         if self.rotate_bytes is not None:
-            core._batch_bytes = max(1, min(core.settings.batch_bytes, self.rotate_bytes - log_bytes))
+            lg._batch_bytes = max(1, min(lg.settings.batch_bytes, self.rotate_bytes - log_bytes))
 
     def _arm_records(self, off: bool) -> None:
         """Have update() hand its batch over at the record-count trigger (buffered mode)."""
-        core = self.core
-        if core._eager:
+        lg = self.lg
+        if lg._eager:
             return
         if off or self.rotate_records is None:
-            core._cut_lsn = NEVER
+            lg._cut_lsn = NEVER
         else:
-            core._cut_lsn = core._written_lsn + self.rotate_records - core._log_update_records - 1
+            lg._cut_lsn = lg._written_lsn + self.rotate_records - lg._log_update_records - 1
 
     def _switched(self) -> None:
         """Release the writers a fired trigger holds (the new log is started, or will not be)."""
-        switching, self.core._switching = self.core._switching, None
+        switching, self.lg._switching = self.lg._switching, None
         if switching is not None:
             try:
                 switching.release()
@@ -249,12 +254,12 @@ class Rotator:
         return True
 
     def _rotate(self) -> int:
-        core = self.core
+        lg = self.lg
         started = time.monotonic()
         self._started_at = started
-        seq = core.seq + 1
+        seq = lg.seq + 1
         try:
-            core._start_log(seq)
+            lg._start_log(seq)
             self._arm_records(False)
         finally:
             self._switched()
@@ -266,7 +271,7 @@ class Rotator:
             nonlocal emitted
             if not active:
                 raise RuntimeError("emit() called after enumerate_all returned")
-            core._emit(record)
+            lg._emit(record)
             emitted += 1
             if not emitted & 0xFF:
                 # Give the GIL away now and then: an enumeration of millions of resources
@@ -280,7 +285,7 @@ class Rotator:
             active = False
             self.failures += 1
             self.last_error = e
-            if isinstance(e, LogFailedError) or core.failed is not None:
+            if isinstance(e, LogFailedError) or lg.failed is not None:
                 raise
             log.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
             if self.on_error is not None:
@@ -290,14 +295,14 @@ class Rotator:
                     log.exception("on_error callback raised")
             raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
         active = False
-        with core._io_lock:
-            core._check()
-            core._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
-            complete_lsn = core._complete_lsn = core._written_lsn  # control batches take no LSN
-            core._sync_primary()
-            sw = core._current_writer
+        with lg._io_lock:
+            lg._check()
+            lg._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
+            complete_lsn = lg._complete_lsn = lg._written_lsn  # control batches take no LSN
+            lg._sync_primary()
+            sw = lg._current_writer
             self._snapshot_bytes = sw.bytes_written if sw is not None else 0
-        self._pointer_moved = move_pointer(core.dest, seq)
+        self._pointer_moved = move_pointer(lg.dest, seq)
         self.known_complete.append(seq)
         self.rotations += 1
         self.last_rotation = {
@@ -306,7 +311,7 @@ class Rotator:
             "seconds": round(time.monotonic() - started, 6),
             "finished": time.time(),
         }
-        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, core.dest.url, emitted,
+        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, lg.dest.url, emitted,
                  self.last_rotation["seconds"])
         if self.on_complete is not None:
             self.on_complete(seq, complete_lsn)
@@ -316,12 +321,12 @@ class Rotator:
         if not self._pointer_moved:
             # Old logs go only once a newer complete log *and its pointer* are durable
             # (docs/DESIGN.md invariant 4): wait for a rotation whose CURRENT move succeeds.
-            log.warning("retention at %s postponed: CURRENT was not moved", self.core.dest.url)
+            log.warning("retention at %s postponed: CURRENT was not moved", self.lg.dest.url)
             return
         try:
-            apply_retention(self.core.dest, self.known_complete, self.retain, self.core.seq)
+            apply_retention(self.lg.dest, self.known_complete, self.retain, self.lg.seq)
         except BaseException as e:  # the rotation thread must outlive anything retention meets
-            log.warning("retention at %s failed (will retry after the next rotation): %s", self.core.dest.url, e)
+            log.warning("retention at %s failed (will retry after the next rotation): %s", self.lg.dest.url, e)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
@@ -343,7 +348,7 @@ class Rotator:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("closing %s without waiting any longer for the rotation in progress",
-                            self.core.dest.url)
+                            self.lg.dest.url)
 
 
 def _serve(ref: weakref.ReferenceType[Rotator], cv: threading.Condition) -> None:

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
-from ._log import Log, open
+from ._api import open
+from ._log import Log
 from ._restore import RestoreResult
 
 

@@ -284,7 +284,7 @@ def run(
     args: argparse.Namespace, spark: Any, stdout: TextIO, prepared: tuple[dict[str, Any], Output] | None = None
 ) -> Summary:
     """Replay into ``output.work``; the caller commits or discards it."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as sf
 
     from . import corrupt_report, read
     from ._state import resolve_lsn, state
@@ -305,19 +305,19 @@ def run(
     log.info("writing %s", events_path)
     df.write.mode(mode).partitionBy("log_seq").parquet(events_path)
     # Later steps read the Parquet just written rather than decoding the logs again.
-    events = spark.read.parquet(events_path).withColumn("log_seq", F.col("log_seq").cast("long"))
+    events = spark.read.parquet(events_path).withColumn("log_seq", sf.col("log_seq").cast("long"))
     stats = events.agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min("lsn").alias("lo"),
-        F.max("lsn").alias("hi"),
-        F.min("commit_time").alias("t0"),
-        F.max("commit_time").alias("t1"),
+        sf.count(sf.lit(1)).alias("n"),
+        sf.min("lsn").alias("lo"),
+        sf.max("lsn").alias("hi"),
+        sf.min("commit_time").alias("t0"),
+        sf.max("commit_time").alias("t1"),
     ).first()
     seqs = sorted(r[0] for r in events.select("log_seq").distinct().collect())
     keys = target = None
     if args.convention == "resource" or args.key:
-        key = F.expr(args.key) if args.key else None
-        op = F.expr(args.op) if args.op else None
+        key = sf.expr(args.key) if args.key else None
+        op = sf.expr(args.op) if args.op else None
         target = resolve_lsn(events, args.as_of_lsn, args.as_of_time)
         live = state(events, key=key, op=op, as_of_lsn=target)
         log.info("writing %s (state as of LSN %s)", state_path, target)
@@ -327,7 +327,7 @@ def run(
     if args.recovery == "skip":
         report = corrupt_report(spark, args.url, storage_options=storage_options or None, logs=args.logs)
         report.write.mode(mode).parquet(f"{out}/_corrupt")
-        corrupt = spark.read.parquet(f"{out}/_corrupt").filter(F.col("kind") == "skipped").count()
+        corrupt = spark.read.parquet(f"{out}/_corrupt").filter(sf.col("kind") == "skipped").count()
     assert stats is not None
     return Summary(
         url=args.url,

@@ -35,7 +35,7 @@ from persistlog._decoder import (
     parse_segment_header,
 )
 from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
-from persistlog._reader import SegmentBytes, declares_gap, list_logs
+from persistlog._reader import ScanStart, SegmentBytes, declares_gap, list_logs
 from persistlog._restore import plan as restore_plan
 
 from ._options import MIN_SPLIT_BYTES, ReadOptions
@@ -61,7 +61,7 @@ class LogPartition(InputPartition):
     seq: int
     last_segment: int
     missing: tuple[int, ...]
-    start: tuple[int, int, int | None]
+    start: ScanStart
     end: tuple[int, int] | None
     #: First LSN of the next log, checked against where this log ends (None: no check).
     next_log_lsn: int | None

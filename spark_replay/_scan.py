@@ -65,7 +65,7 @@ class _Range:
         self.part = part
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
-            dest, part.seq, part.segments(), recovery=part.recovery, start=part.start,  # type: ignore[arg-type]
+            dest, part.seq, part.segments(), recovery=part.recovery, start=part.start,
             tail_ok=part.tail_ok,
         )
 

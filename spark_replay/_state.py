@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 
 log = logging.getLogger("spark_replay")
 
@@ -18,11 +18,11 @@ def _column(value: Column | str | None, df: DataFrame, default: str | None, what
     if isinstance(value, Column):
         return value
     if isinstance(value, str):
-        return F.col(value)
+        return sf.col(value)
     if value is not None:
         raise TypeError(f"{what} must be a Column or a column name, not {type(value).__name__}")
     if default is not None and default in df.columns:
-        return F.col(default)
+        return sf.col(default)
     raise ValueError(
         f"this frame has no {default!r} column: pass {what}= as a column expression "
         f"(e.g. F.get_json_object('record', '$.id')), or read with convention='resource'"
@@ -55,12 +55,12 @@ def resolve_lsn(
             raise ValueError(f"as_of_lsn must be an integer >= 1 (LSNs start at 1), not {as_of_lsn!r}")
         return as_of_lsn
     if as_of_time is not None:
-        cutoff = F.timestamp_micros(F.lit(_micros(as_of_time)))
-        row = df.filter(F.col("commit_time") <= cutoff).agg(F.max("lsn").alias("lsn")).first()
+        cutoff = sf.timestamp_micros(sf.lit(_micros(as_of_time)))
+        row = df.filter(sf.col("commit_time") <= cutoff).agg(sf.max("lsn").alias("lsn")).first()
         if row is None or row["lsn"] is None:
             raise ValueError(f"no record in this frame was committed at or before {as_of_time}")
         return int(row["lsn"])
-    row = df.agg(F.max("lsn").alias("lsn")).first()
+    row = df.agg(sf.max("lsn").alias("lsn")).first()
     return None if row is None or row["lsn"] is None else int(row["lsn"])
 
 
@@ -99,22 +99,22 @@ def state(
         raise ValueError(f"state() needs a frame read by the persistlog source; missing columns {missing}")
     # The lossless key: "key" shows 1 and "1" alike, "key_json" never does.
     lossless = key is None and "key_json" in df.columns
-    key_col = F.col("key_json") if lossless else _column(key, df, "key", "key")
+    key_col = sf.col("key_json") if lossless else _column(key, df, "key", "key")
     # Columns the result names itself ahead of the winning record's others.
     leading = ("key", "key_json") if lossless else ("key",)
-    op_col = _column(op, df, "op", "op") if op is not None or "op" in df.columns else F.lit("put")
+    op_col = _column(op, df, "op", "op") if op is not None or "op" in df.columns else sf.lit("put")
     target = resolve_lsn(df, as_of_lsn, as_of_time)
     if target is None:
         log.info("state(): the frame holds no record; the state is empty")
         return _shape(df.limit(0).withColumn("_k", key_col), df, lossless)
     # One aggregate, no sort: the last record at or before the point, and its replay base.
     point = (
-        df.filter(F.col("lsn") <= target)
-        .agg(F.max("lsn").alias("lsn"), F.max_by("base_log", "lsn").alias("base_log"))
+        df.filter(sf.col("lsn") <= target)
+        .agg(sf.max("lsn").alias("lsn"), sf.max_by("base_log", "lsn").alias("base_log"))
         .first()
     )
     if point is None or point["lsn"] is None:
-        first = df.agg(F.min("lsn")).first()
+        first = df.agg(sf.min("lsn")).first()
         raise ValueError(
             f"LSN {target} is before the first record this frame holds (LSN {first[0] if first else '?'}); "
             "its state is older than the retained history"
@@ -124,17 +124,17 @@ def state(
     base = int(point["base_log"])
     log.info("state as of LSN %d: replaying from log %d", target, base)
     history = (
-        df.filter((F.col("log_seq") >= base) & (F.col("lsn") <= target))
+        df.filter((sf.col("log_seq") >= base) & (sf.col("lsn") <= target))
         .withColumn("_k", key_col)
         .withColumn("_op", op_col)
-        .filter(F.col("_k").isNotNull() & F.col("_op").isin("put", "del"))
+        .filter(sf.col("_k").isNotNull() & sf.col("_op").isin("put", "del"))
     )
     others = [c for c in history.columns if c not in ("_k", "op", *leading)]
     kept = [*leading, *others] if lossless else others
-    last = history.groupBy("_k").agg(F.max_by(F.struct(*kept), F.col("lsn")).alias("_w"))
-    live = last.filter(F.col("_w._op") == "put")
-    shown = [F.col(f"_w.{c}").alias(c) for c in kept if c != "_op"]
-    return live.select(*shown) if lossless else live.select(F.col("_k").alias("key"), *shown)
+    last = history.groupBy("_k").agg(sf.max_by(sf.struct(*kept), sf.col("lsn")).alias("_w"))
+    live = last.filter(sf.col("_w._op") == "put")
+    shown = [sf.col(f"_w.{c}").alias(c) for c in kept if c != "_op"]
+    return live.select(*shown) if lossless else live.select(sf.col("_k").alias("key"), *shown)
 
 
 def _shape(empty: DataFrame, df: DataFrame, lossless: bool) -> DataFrame:
@@ -142,11 +142,11 @@ def _shape(empty: DataFrame, df: DataFrame, lossless: bool) -> DataFrame:
     others = [c for c in df.columns if c not in ("op", *leading)]
     if lossless:
         return empty.select(*leading, *others)
-    return empty.select(F.col("_k").alias("key"), *others)
+    return empty.select(sf.col("_k").alias("key"), *others)
 
 
 def _too_old(df: DataFrame, target: int) -> str:
-    row = df.filter(F.col("base_log").isNotNull()).agg(F.min("lsn").alias("lsn")).first()
+    row = df.filter(sf.col("base_log").isNotNull()).agg(sf.min("lsn").alias("lsn")).first()
     available: Any = row["lsn"] if row is not None else None
     if available is None:
         return (

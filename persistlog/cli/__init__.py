@@ -1,7 +1,7 @@
 """The ``persistlog`` command: argument parsing and dispatch only.
 
 Each subcommand is one module with ``add_parser(subparsers, common)`` and ``run(args)``;
-the work itself is done by library functions (``persistlog._inspect``, ``_repair``,
+the work itself is done by library functions (``persistlog._destination_check``, ``_repair``,
 ``restore``, ``follow``) so that the CLI only parses, calls and prints.
 """
 

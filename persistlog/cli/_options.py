@@ -76,16 +76,19 @@ def open_dest(args: argparse.Namespace) -> Destination:
         raise UsageError(str(e)) from None
 
 
-def open_log(args: argparse.Namespace) -> Destination:
+def open_log(args: argparse.Namespace, *, wait_for_log: bool = False) -> Destination:
     """The destination named on the command line, which must hold a persistlog log.
 
     Anything else -- a missing directory or bucket, a regular file, a directory of other
     files -- is a usage error saying "no persistlog log at URL" and what is there instead,
     found by reading only: nothing is ever written to a destination that holds no log.
+    With ``wait_for_log`` (``tail -f``, which waits for a log to appear) a destination
+    without a log is fine as long as a writer could make one there: only a file where the
+    directory would be, or a missing bucket, is that error.
     """
     dest = open_dest(args)
     try:
-        reason = _why_no_log(dest)
+        reason = dest.why_not_creatable() if wait_for_log else _why_no_log(dest)
     except Exception as e:  # any storage client's error: the store cannot be used
         dest.close()
         raise UsageError(f"cannot reach {args.url}: {type(e).__name__}: {e}") from None

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _first_lsn(dest: Destination, seq: int, segment: tuple[int, str]) -> int | None:
     """The first LSN a segment's header names (None if unreadable): reads one header."""
-    scanner = LogScanner(dest, seq, [segment], recovery="skip", start=(segment[0], 0, None))  # type: ignore[arg-type]
+    scanner = LogScanner(dest, seq, [segment], recovery="skip", start=(segment[0], 0, None))
     for _batch in scanner:
         break
     return scanner.state.first_lsn
@@ -108,7 +108,7 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
         if i == 0 and first_segment:
             number = segments[first_segment][0]
             start = (number, 0, None)
-        scanner = LogScanner(dest, seq, segments, recovery="skip", start=start)  # type: ignore[arg-type]
+        scanner = LogScanner(dest, seq, segments, recovery="skip", start=start)
         for batch in scanner:
             if batch.controls is not None:
                 if args.control:

@@ -13,7 +13,9 @@ import argparse
 import time
 from typing import Any
 
-from .._inspect import DestinationReport, Holder, Progress, inspect_destination
+from .._destination_check import inspect_destination
+from .._destination_report import DestinationReport, Progress
+from .._lock_holder import Holder
 from ._console import EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
 from ._options import open_log
 

@@ -3,8 +3,10 @@
 Like a follower, it starts from the newest complete log (so the first lines are that
 log's enumeration) and then prints each batch once the writer has written it. Without -f
 it prints what exists and exits; with -f it keeps following, across rotations, until
-interrupted, and then prints the cursor it stopped at (resume with --cursor). Lines carry
-LSN, log, segment, commit time and the record; followers see batches, not record kinds.
+interrupted, and then prints the cursor it stopped at (resume with --cursor); a log that
+is not there yet is waited for, unless none can be made there (a regular file, a missing
+bucket: exit status 2). Lines carry LSN, log, segment, commit time and the record;
+followers see batches, not record kinds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from .._follower import Follower, follow
 from ._console import EXIT_OK, error
-from ._options import UsageError, open_dest, open_log, parse_storage_options
+from ._options import UsageError, open_log, parse_storage_options
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -56,8 +58,9 @@ def _stop_when_caught_up(follower: Follower, finished: threading.Event) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError("--interval must be a positive number of seconds")
-    # Without -f a missing destination is an error; with -f it may appear later.
-    (open_dest if args.follow else open_log)(args).close()
+    # Without -f a missing destination is an error; with -f it may appear later, unless
+    # nothing can make it there.
+    open_log(args, wait_for_log=args.follow).close()
 
     def on_reset() -> None:
         error("the cursor's data was removed by retention: starting again from the newest complete log")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._inspect import DestinationReport, Problem, inspect_destination
+from .._destination_check import inspect_destination
+from .._destination_report import DestinationReport, Problem
 from .._errors import MissingDependencyError
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
 from ._options import open_log

@@ -7,10 +7,13 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
-from cli_logs import KV, cli, cli_subprocess, corrupt_middle
+from cli_logs import KV, cli, cli_subprocess, corrupt_middle, write_logs
 
 import persistlog
 
@@ -124,3 +127,54 @@ def test_restore_check_labels_log_seqs_as_seqs(logdir: str) -> None:
     assert run.status == 0, run.err
     assert "  replayed from    log seq 3\n" in run.out
     assert "logs replayed" not in run.out
+
+
+# -- tail -f: waits for a log that is not there yet, but not where none can ever be -------
+
+
+def test_tail_follow_fails_at_once_on_a_regular_file(tmp_path: Path) -> None:
+    # A child process: a tail -f that waits for the file to become a directory never ends.
+    f = tmp_path / "state.db"
+    f.write_text("x")
+    run = cli_subprocess("tail", "-f", str(f), timeout=60)
+    assert run.status == 2 and run.out == ""
+    assert run.err.strip() == f"persistlog: no persistlog log at {f}: it is a file, not a directory"
+    below = cli_subprocess("tail", "-f", str(f / "log"), "--json", timeout=60)
+    assert below.status == 2
+    assert json.loads(below.out)["error"] == f"no persistlog log at {f / 'log'}: {f} is a file, not a directory"
+    assert f.read_text() == "x"
+
+
+@pytest.mark.s3
+def test_tail_follow_fails_at_once_on_a_missing_bucket(s3_storage_options: dict) -> None:
+    endpoint = s3_storage_options["client_kwargs"]["endpoint_url"]
+    options = ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={endpoint}"]
+    run = cli_subprocess("tail", "-f", "s3://no-such-bucket-persistlog/app", *options, timeout=60)
+    assert run.status == 2 and run.out == ""
+    assert run.err.strip() == (
+        "persistlog: no persistlog log at s3://no-such-bucket-persistlog/app: "
+        "the bucket 'no-such-bucket-persistlog' does not exist"
+    )
+
+
+def test_tail_follow_waits_for_a_log_in_a_directory_not_made_yet(tmp_path: Path) -> None:
+    url = str(tmp_path / "later" / "log")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "persistlog", "tail", "-f", url, "--json", "--interval", "0.05"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = threading.Timer(60, proc.kill)  # a tail that prints nothing fails, never hangs
+    deadline.start()
+    try:
+        # Still running after its start-up and first look (a fraction of a second): it waits.
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
+        write_logs(url, updates=5, rotate_every=0)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # printed by the tail -f started before the directory
+        assert first, proc.stderr.read() if proc.stderr else ""
+        assert json.loads(first)["record"] == {"op": "put", "key": "k0", "value": {"i": 0, "pad": ""}}
+    finally:
+        deadline.cancel()
+        proc.kill()
+        proc.wait()

@@ -35,6 +35,12 @@ class DestinationConformance:
         why = dest.describe_missing()
         assert why == "the directory does not exist" or why.startswith("no object in bucket")
 
+    def test_a_missing_directory_can_be_made(self, make_dest: MakeDest) -> None:
+        dest = make_dest("never-made")
+        assert dest.why_not_creatable() is None
+        dest.ensure()
+        assert dest.why_not_creatable() is None
+
     def test_ensure_is_idempotent_and_makes_it_exist(self, make_dest: MakeDest) -> None:
         dest = make_dest()
         dest.ensure()

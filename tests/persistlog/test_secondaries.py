@@ -23,7 +23,7 @@ import persistlog
 from kv_app import App, apply, restore_state
 from threads import wait_until
 from destinations import open_destination
-from persistlog import _replicas
+from persistlog import _secondaries
 
 # -- helpers ------------------------------------------------------------------------------
 
@@ -354,7 +354,7 @@ def test_slow_secondary_blocks_updates_only_when_its_queue_is_full(tmp_path: Pat
     url, so = faulty(plan)
     app = ChurningApp()
     lg = app.open(str(tmp_path / "primary"), secondaries=[(url, so)], durability="flush", flush_interval=0.02)
-    maxsize = _replicas.QUEUE_BATCHES
+    maxsize = _secondaries.QUEUE_BATCHES
     # Enough that the queue fills however many batches the secondary took into its write
     # before that write hung (a loaded machine lets it take more).
     total = maxsize * 20

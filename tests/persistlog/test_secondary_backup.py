@@ -208,9 +208,9 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     started = time.monotonic()
     app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[("s3://nowhere/log", so)])
     try:
-        from persistlog import _replicas
+        from persistlog import _secondaries
 
-        assert time.monotonic() - started < _replicas.ATTACH_WAIT + 5
+        assert time.monotonic() - started < _secondaries.ATTACH_WAIT + 5
         d = app.log.stats()["destinations"][1]
         assert not d["healthy"] and not d["attached"] and d["error"], d
         steps(app, 1, 5)

@@ -14,12 +14,12 @@ from typing import Any
 import pyarrow.dataset as ds
 import pytest
 from pyspark.errors import PythonException
-from pyspark.sql import functions as F
+from pyspark.sql import functions as sf
 from log_histories import batch_spans, flip_byte, restored_records, segment_paths, store_state, unseal, write_store_history
 
 import persistlog
 import spark_replay
-from persistlog import _format as PF
+from persistlog import _format as F
 from persistlog._jsonify import from_json
 from spark_replay._job import main
 
@@ -117,8 +117,8 @@ def test_raw_frames_take_key_and_op_expressions(spark: Any, tmp_path: Any) -> No
         spark_replay.state(df)
     live = spark_replay.state(
         df,
-        key=F.get_json_object("record", "$.key"),
-        op=F.get_json_object("record", "$.op"),
+        key=sf.get_json_object("record", "$.key"),
+        op=sf.get_json_object("record", "$.op"),
     )
     restored, _ = store_state(url)
     assert {r["key"] for r in live.collect()} == {str(k) for k in restored}
@@ -147,7 +147,7 @@ def test_torn_tail_is_dropped_and_corruption_fails_or_is_reported(spark: Any, tm
 
     before = spark.read.format("persistlog").load(url).count()
     first = segment_paths(url)[0]
-    updates = [(o, s) for o, s, k in batch_spans(first) if k == PF.KIND_UPDATE]  # one record each
+    updates = [(o, s) for o, s, k in batch_spans(first) if k == F.KIND_UPDATE]  # one record each
     bad, bad_size = updates[len(updates) // 2]
     flip_byte(first, bad + bad_size - 1)
     with pytest.raises(PythonException) as info:
@@ -175,7 +175,7 @@ def test_job_writes_events_and_state_as_parquet(spark: Any, tmp_path: Any) -> No
     events = ds.dataset(f"{out}/events", format="parquet", partitioning="hive").to_table()
     assert events.num_rows == spark.read.format("persistlog").load(url).count()
     assert sorted(set(events.column("log_seq").to_pylist())) == sorted(
-        {PF.parse_segment_name(n)[0] for n in os.listdir(url) if PF.parse_segment_name(n)}  # type: ignore[index]
+        {F.parse_segment_name(n)[0] for n in os.listdir(url) if F.parse_segment_name(n)}  # type: ignore[index]
     )
     state = ds.dataset(f"{out}/state", format="parquet").to_table().to_pylist()
     assert {from_json(r["key_json"]): from_json(r["value"]) for r in state} == expected_at(history, point)

@@ -49,7 +49,7 @@ RETRY_FIRST = 1.0
 RETRY_MAX = 300.0
 
 
-class Replica:
+class Secondary:
     """One secondary destination and its writer thread."""
 
     def __init__(
@@ -97,7 +97,7 @@ class Replica:
         self._retry_at: float | None = None
         self._probed = threading.Event()
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name=f"persistlog-replica {dest.url}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"persistlog-secondary {dest.url}", daemon=True)
 
     def attach(self, wait: float = ATTACH_WAIT) -> None:
         """Start the thread and wait up to ``wait`` seconds for it to take the secondary.

@@ -1,0 +1,267 @@
+"""What inspecting a destination finds, as data: the report ``persistlog info`` and
+``persistlog verify`` print and ``repair`` plans from, and the progress passed on while it
+is read.
+
+A :class:`DestinationReport` holds one :class:`LogInfo` per log, each with the problems
+found in it; every :class:`Problem` carries what a repair needs to cut there (the LSN due
+at that point and the records before it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _format as F
+from ._lock_holder import Holder
+
+TORN = "torn"
+CORRUPT = "corrupt"
+WARNING = "warning"
+
+# A position in a destination, comparable: (log seq, segment number, byte offset).
+Position = tuple[int, int, int]
+
+
+@dataclass
+class Problem:
+    """One thing wrong at a destination.
+
+    ``kind`` is ``"torn"`` (a crash artefact restore drops), ``"corrupt"`` (restore raises
+    :class:`CorruptLogError` in strict mode) or ``"warning"`` (harmless for readers, e.g. a
+    damaged CURRENT). ``length`` is the number of damaged bytes when known. ``lsn`` is the
+    LSN due at ``offset`` (the first LSN a cut there would lose) and ``records_before`` the
+    app records of the log before it; both are None when unknown.
+    """
+
+    kind: str
+    reason: str
+    log: int | None = None
+    segment: str | None = None
+    offset: int | None = None
+    length: int = 0
+    lsn: int | None = None
+    records_before: int | None = None
+    #: Further findings at the same damage site (nothing intact between them).
+    also: list[str] = field(default_factory=list)
+
+    @property
+    def position(self) -> Position:
+        """Where the problem sits, for ordering (destination-level problems sort last)."""
+        number = -1
+        if self.segment is not None:
+            parsed = F.parse_segment_name(self.segment)
+            number = parsed[1] if parsed is not None else -1
+        return (
+            self.log if self.log is not None else 2**63,
+            number,
+            self.offset if self.offset is not None else 0,
+        )
+
+    def where(self) -> str:
+        """``"log 7 segment 00..07-00..01.plog offset 4096"``, leaving out what is unknown."""
+        parts = []
+        if self.log is not None:
+            parts.append(f"log {self.log}")
+        if self.segment is not None:
+            parts.append(f"segment {self.segment}")
+        if self.offset is not None:
+            parts.append(f"offset {self.offset}")
+        return " ".join(parts) or "destination"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "reason": self.reason,
+            "log": self.log,
+            "segment": self.segment,
+            "offset": self.offset,
+            "length": self.length,
+            "lsn": self.lsn,
+            "records_before": self.records_before,
+            "also": list(self.also),
+        }
+
+
+@dataclass
+class SegmentInfo:
+    number: int
+    name: str
+    bytes: int
+
+
+@dataclass
+class LogInfo:
+    """What a scan of one log found. Positions are ``(segment number, offset)``."""
+
+    seq: int
+    segments: list[SegmentInfo]
+    records: int = 0
+    snapshot_records: int | None = None
+    first_lsn: int | None = None
+    next_lsn: int | None = None
+    first_commit_us: int | None = None
+    last_commit_us: int | None = None
+    complete: bool = False
+    sealed: bool = False
+    version: int | None = None
+    writer: str | None = None
+    created_us: int | None = None
+    #: End of the log header batch: cutting at or before it leaves no usable log.
+    header_end: tuple[int, int] | None = None
+    complete_at: tuple[int, int] | None = None
+    seal_at: tuple[int, int] | None = None
+    #: The file vanished while it was read (retention by a live writer): not damage.
+    vanished: bool = False
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.segments)
+
+    @property
+    def last_lsn(self) -> int | None:
+        """The last LSN a record of this log took, None when it took none."""
+        if self.first_lsn is None or self.next_lsn is None or self.next_lsn <= self.first_lsn:
+            return None
+        return self.next_lsn - 1
+
+    @property
+    def state(self) -> str:
+        """``sealed`` (complete and closed), ``complete``, ``incomplete`` or
+        ``incomplete, sealed`` (closed before its enumeration finished)."""
+        if self.complete:
+            return "sealed" if self.sealed else "complete"
+        return "incomplete, sealed" if self.sealed else "incomplete"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "state": self.state,
+            "complete": self.complete,
+            "sealed": self.sealed,
+            "segments": [{"number": s.number, "name": s.name, "bytes": s.bytes} for s in self.segments],
+            "bytes": self.bytes,
+            "records": self.records,
+            "snapshot_records": self.snapshot_records,
+            "first_lsn": self.first_lsn,
+            "last_lsn": self.last_lsn,
+            "next_lsn": self.next_lsn,
+            "first_commit_us": self.first_commit_us,
+            "last_commit_us": self.last_commit_us,
+            "format_version": self.version,
+            "writer": self.writer,
+            "created_us": self.created_us,
+            "vanished": self.vanished,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+
+
+@dataclass
+class DestinationReport:
+    """Everything :func:`~persistlog._destination_check.inspect_destination` found at one
+    destination."""
+
+    url: str
+    exists: bool
+    appendable: bool
+    logs: list[LogInfo] = field(default_factory=list)
+    #: The seq CURRENT names (None: missing or damaged) and what is true of it:
+    #: ``ok``, ``missing``, ``damaged``, ``dangling`` (names no log) or ``incomplete``.
+    current: int | None = None
+    current_status: str = "missing"
+    holder: Holder | None = None
+    #: Problems that belong to no single log (CURRENT).
+    problems: list[Problem] = field(default_factory=list)
+    #: The log a restore starts from and whether that log is complete.
+    restore_from: int | None = None
+    restore_complete: bool = False
+    #: How far a restore reaches: its last LSN and that record's commit time (µs since the
+    #: Unix epoch), so a secondary's report says what a failover to it would lose.
+    restore_last_lsn: int | None = None
+    restore_last_commit_us: int | None = None
+    #: Logs whose writer declared that they do not continue the log before them here (a
+    #: secondary that was detached or behind); those a restore leaves out.
+    gaps: list[int] = field(default_factory=list)
+    restore_skips: list[int] = field(default_factory=list)
+    records_checked: int | None = None
+
+    def all_problems(self) -> list[Problem]:
+        """Every problem, in destination order."""
+        found = [p for lg in self.logs for p in lg.problems] + list(self.problems)
+        return sorted(found, key=lambda p: p.position)
+
+    @property
+    def torn(self) -> list[Problem]:
+        return [p for p in self.all_problems() if p.kind == TORN]
+
+    @property
+    def corrupt(self) -> list[Problem]:
+        return [p for p in self.all_problems() if p.kind == CORRUPT]
+
+    @property
+    def warnings(self) -> list[Problem]:
+        return [p for p in self.all_problems() if p.kind == WARNING]
+
+    @property
+    def clean(self) -> bool:
+        """No torn tail and no corruption (warnings do not count)."""
+        return not self.torn and not self.corrupt
+
+    def log_info(self, seq: int) -> LogInfo | None:
+        for lg in self.logs:
+            if lg.seq == seq:
+                return lg
+        return None
+
+    @property
+    def format_versions(self) -> list[int]:
+        return sorted({lg.version for lg in self.logs if lg.version is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "exists": self.exists,
+            "appendable": self.appendable,
+            "clean": self.clean,
+            "current": self.current,
+            "current_status": self.current_status,
+            "holder": self.holder.to_dict() if self.holder else None,
+            "format_versions": self.format_versions,
+            "restore_from": self.restore_from,
+            "restore_complete": self.restore_complete,
+            "restore_last_lsn": self.restore_last_lsn,
+            "restore_last_commit_us": self.restore_last_commit_us,
+            "gaps": self.gaps,
+            "restore_skips": self.restore_skips,
+            "logs": [lg.to_dict() for lg in self.logs],
+            "records_checked": self.records_checked,
+            "problems": [p.to_dict() for p in self.all_problems()],
+            "torn": len(self.torn),
+            "corrupt": len(self.corrupt),
+            "warnings": len(self.warnings),
+        }
+
+
+@dataclass
+class Progress:
+    """Passed to the progress callback after every batch read: the log being read, the
+    segments finished out of all at the destination, and the bytes read so far."""
+
+    log: int
+    segments_done: int
+    segments_total: int
+    bytes_done: int
+
+
+__all__ = [
+    "CORRUPT",
+    "TORN",
+    "WARNING",
+    "DestinationReport",
+    "LogInfo",
+    "Position",
+    "Problem",
+    "Progress",
+    "SegmentInfo",
+]
