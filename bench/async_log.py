@@ -17,7 +17,7 @@ from workload import Config, Scratch, interleaved, latency_summary, median, no_e
 
 log = logging.getLogger("bench")
 
-ISSUE = "#14"
+AREA = "asyncio"
 TASKS = 256
 #: How often the lag probe asks to wake: its lateness is the loop's lag.
 TICK = 0.001
@@ -99,13 +99,13 @@ def group_commit(cfg: Config, s: Scratch) -> list[Figure]:
     lag = many["loop_lag"] | {"idle_loop": idle}
     return [
         vs_baseline(
-            f"asyncio fsync mode, {TASKS} tasks await update()", ISSUE, many["rate"], one["rate"],
+            f"asyncio fsync mode, {TASKS} tasks await update()", AREA, many["rate"], one["rate"],
             "1 task", "rec/s", 30.0, {"one_task": one, "tasks": many},
         ),
-        info(f"  records per fsync, {TASKS} tasks", ISSUE, round(many["records_per_sync"], 2), "rec"),
-        info(f"  {TASKS} tasks vs the sync Log's group commit", ISSUE, many["rate"], "rec/s", threads["rate"],
+        info(f"  records per fsync, {TASKS} tasks", AREA, round(many["records_per_sync"], 2), "rec"),
+        info(f"  {TASKS} tasks vs the sync Log's group commit", AREA, many["rate"], "rec/s", threads["rate"],
              f"{cfg.fsync_threads} threads", {"threads": threads}),
-        at_most(f"  loop lag p99 during {TASKS} tasks", ISSUE, lag["p99_ms"], 10.0, "ms",
+        at_most(f"  loop lag p99 during {TASKS} tasks", AREA, lag["p99_ms"], 10.0, "ms",
                 idle["p99_ms"], "idle loop", raw=lag),
     ]
 
@@ -148,7 +148,7 @@ def buffered(cfg: Config, s: Scratch) -> list[Figure]:
     times = interleaved(runs, cfg.repeats)
     rate = {name: n / median(t) for name, t in times.items()}
     return [
-        vs_baseline("asyncio buffered await update()", ISSUE, rate["async"], rate["sync"], "sync update()",
+        vs_baseline("asyncio buffered await update()", AREA, rate["async"], rate["sync"], "sync update()",
                     "rec/s", 0.5, {"records": n, "seconds": times, "rates": rate}),
     ]
 

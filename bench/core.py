@@ -40,7 +40,7 @@ from workload import (
 
 log = logging.getLogger("bench")
 
-ISSUE = "#2"
+AREA = "core"
 MANY_BATCH = 1000
 MiB = 1024 * 1024
 
@@ -97,10 +97,10 @@ def write_throughput(cfg: Config, s: Scratch) -> list[Figure]:
     rate = {name: n / median(t) for name, t in times.items()}
     raw = {"records": n, "record": SMALL_RECORD_SHAPE, "seconds": times, "rates": rate}
     return [
-        vs_baseline("update() buffered, 1 thread", ISSUE, rate["update"], rate["naive"], "naive loop", "rec/s", 1.0, raw),
-        vs_baseline(f"update_many() x{MANY_BATCH}", ISSUE, rate["update_many"], rate["naive"], "naive loop", "rec/s", 1.5),
-        info("sqlite3 executemany write (WAL)", ISSUE, rate["sqlite"], "rec/s", rate["naive"], "naive loop"),
-        info("JSON lines write", ISSUE, rate["jsonl"], "rec/s", rate["naive"], "naive loop"),
+        vs_baseline("update() buffered, 1 thread", AREA, rate["update"], rate["naive"], "naive loop", "rec/s", 1.0, raw),
+        vs_baseline(f"update_many() x{MANY_BATCH}", AREA, rate["update_many"], rate["naive"], "naive loop", "rec/s", 1.5),
+        info("sqlite3 executemany write (WAL)", AREA, rate["sqlite"], "rec/s", rate["naive"], "naive loop"),
+        info("JSON lines write", AREA, rate["jsonl"], "rec/s", rate["naive"], "naive loop"),
     ]
 
 
@@ -160,10 +160,10 @@ def group_commit(cfg: Config, s: Scratch) -> list[Figure]:
     many = sync_rate(s.fresh("log-fsync-n"), cfg.fsync_threads, cfg.fsync_seconds, durability="fsync")
     return [
         vs_baseline(
-            f"fsync mode, {cfg.fsync_threads} threads update(sync=True)", ISSUE, many["rate"], one["rate"],
+            f"fsync mode, {cfg.fsync_threads} threads update(sync=True)", AREA, many["rate"], one["rate"],
             "1 thread", "rec/s", 20.0, {"one_thread": one, "threads": many},
         ),
-        info(f"  records per fsync, {cfg.fsync_threads} threads", ISSUE, round(many["records_per_sync"], 2), "rec"),
+        info(f"  records per fsync, {cfg.fsync_threads} threads", AREA, round(many["records_per_sync"], 2), "rec"),
     ]
 
 
@@ -218,13 +218,13 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     rate = {name: n / median(t) for name, t in times.items()}
     raw = {"records": n, "seconds": times, "rates": rate}
     return [
-        at_least("restore replay= into a dict", ISSUE, rate["replay"], 1e6, "rec/s", raw),
-        vs_baseline("restore replay= vs sqlite3", ISSUE, rate["replay"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
-        at_least("restore replay_batch= into a dict", ISSUE, rate["replay_batch"], 1e6, "rec/s"),
-        vs_baseline("restore replay_batch= vs sqlite3", ISSUE, rate["replay_batch"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
-        info("restore replay= vs sqlite3 key/value columns", ISSUE, rate["replay"], "rec/s",
+        at_least("restore replay= into a dict", AREA, rate["replay"], 1e6, "rec/s", raw),
+        vs_baseline("restore replay= vs sqlite3", AREA, rate["replay"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
+        at_least("restore replay_batch= into a dict", AREA, rate["replay_batch"], 1e6, "rec/s"),
+        vs_baseline("restore replay_batch= vs sqlite3", AREA, rate["replay_batch"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
+        info("restore replay= vs sqlite3 key/value columns", AREA, rate["replay"], "rec/s",
              rate["sqlite_kv"], "sqlite3 kv"),
-        info("JSON lines read back", ISSUE, rate["jsonl"], "rec/s", rate["sqlite"], "sqlite3"),
+        info("JSON lines read back", AREA, rate["jsonl"], "rec/s", rate["sqlite"], "sqlite3"),
     ]
 
 
@@ -326,14 +326,14 @@ def rotation_latency(cfg: Config, s: Scratch) -> list[Figure]:
     p, f = paced["during_rotation"], flat["during_rotation"]
     pq, fq = paced["without_rotation"], flat["without_rotation"]
     return [
-        at_most(f"update() p99 during rotation, {n // 1000}k live, {PACED_RATE / 1000:.0f}k/s", ISSUE, p["p99_ms"], 5.0, "ms",
+        at_most(f"update() p99 during rotation, {n // 1000}k live, {PACED_RATE / 1000:.0f}k/s", AREA, p["p99_ms"], 5.0, "ms",
                 pq["p99_ms"], "no rotation", raw),
-        info("  the same, p99.9", ISSUE, p["p999_ms"], "ms", pq["p999_ms"], "no rotation"),
-        info("  rotate() wall time, paced updater", ISSUE, paced["rotate_seconds"], "s"),
-        info("  update() p99 during rotation, flat out", ISSUE, f["p99_ms"], "ms", fq["p99_ms"], "no rotation"),
-        info("  the same, p99.9", ISSUE, f["p999_ms"], "ms", fq["p999_ms"], "no rotation"),
-        info("  rotate() wall time, flat-out updater", ISSUE, flat["rotate_seconds"], "s"),
-        info("  updates during rotation, flat out", ISSUE, flat["update_rate_during_rotation"], "rec/s",
+        info("  the same, p99.9", AREA, p["p999_ms"], "ms", pq["p999_ms"], "no rotation"),
+        info("  rotate() wall time, paced updater", AREA, paced["rotate_seconds"], "s"),
+        info("  update() p99 during rotation, flat out", AREA, f["p99_ms"], "ms", fq["p99_ms"], "no rotation"),
+        info("  the same, p99.9", AREA, f["p999_ms"], "ms", fq["p999_ms"], "no rotation"),
+        info("  rotate() wall time, flat-out updater", AREA, flat["rotate_seconds"], "s"),
+        info("  updates during rotation, flat out", AREA, flat["update_rate_during_rotation"], "rec/s",
              flat["update_rate_without_rotation"], "no rotation"),
     ]
 
@@ -382,12 +382,12 @@ def restore_memory(cfg: Config, s: Scratch) -> list[Figure]:
     raw = {**child, "log_bytes": on_disk, "write_seconds": write_seconds, "records_written": written}
     return [
         at_most(
-            f"restore {on_disk / 1024 / MiB:.2f} GiB: peak RSS - state", ISSUE, peak - child["state_bytes"] / MiB,
+            f"restore {on_disk / 1024 / MiB:.2f} GiB: peak RSS - state", AREA, peak - child["state_bytes"] / MiB,
             64.0, "MiB", child["rss_before"] / MiB, "RSS before restore", raw,
         ),
-        info("  growth of RSS during restore", ISSUE, (child["peak_rss"] - child["rss_before"]) / MiB, "MiB"),
-        info("  big-record restore rate", ISSUE, child["records"] / child["seconds"], "rec/s"),
-        info("  big-record log write rate (update_many)", ISSUE, on_disk / MiB / write_seconds, "MiB/s"),
+        info("  growth of RSS during restore", AREA, (child["peak_rss"] - child["rss_before"]) / MiB, "MiB"),
+        info("  big-record restore rate", AREA, child["records"] / child["seconds"], "rec/s"),
+        info("  big-record log write rate (update_many)", AREA, on_disk / MiB / write_seconds, "MiB/s"),
     ]
 
 
@@ -453,11 +453,11 @@ def bytes_per_record(cfg: Config, s: Scratch) -> list[Figure]:
     raw = {"records": n, "record": SMALL_RECORD_SHAPE, "bytes_per_record": sizes, "batch": MANY_BATCH}
     plain = sizes["plain"]
     return [
-        info("bytes/record: persistlog plain", ISSUE, round(plain, 2), "B/rec", sizes["naive"], "naive loop", raw),
-        info("bytes/record: persistlog gzip", ISSUE, round(sizes["gzip"], 2), "B/rec", plain, "plain"),
-        info("bytes/record: persistlog zstd", ISSUE, round(sizes["zstd"], 2), "B/rec", plain, "plain"),
-        info("bytes/record: JSON lines", ISSUE, round(sizes["jsonl"], 2), "B/rec", plain, "plain"),
-        info("bytes/record: sqlite3", ISSUE, round(sizes["sqlite"], 2), "B/rec", plain, "plain"),
+        info("bytes/record: persistlog plain", AREA, round(plain, 2), "B/rec", sizes["naive"], "naive loop", raw),
+        info("bytes/record: persistlog gzip", AREA, round(sizes["gzip"], 2), "B/rec", plain, "plain"),
+        info("bytes/record: persistlog zstd", AREA, round(sizes["zstd"], 2), "B/rec", plain, "plain"),
+        info("bytes/record: JSON lines", AREA, round(sizes["jsonl"], 2), "B/rec", plain, "plain"),
+        info("bytes/record: sqlite3", AREA, round(sizes["sqlite"], 2), "B/rec", plain, "plain"),
     ]
 
 

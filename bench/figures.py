@@ -24,7 +24,7 @@ class Figure:
     """
 
     name: str
-    issue: str
+    area: str
     measured: float
     unit: str
     target: str = "info"
@@ -39,7 +39,7 @@ class Figure:
 
 def vs_baseline(
     name: str,
-    issue: str,
+    area: str,
     measured: float,
     baseline: float,
     baseline_label: str,
@@ -50,26 +50,26 @@ def vs_baseline(
     """A rate that must reach ``min_ratio`` times a baseline measured in the same run."""
     ratio = measured / baseline if baseline else float("nan")
     return Figure(
-        name, issue, measured, unit, f">= {min_ratio:g}x", ratio >= min_ratio,
+        name, area, measured, unit, f">= {min_ratio:g}x", ratio >= min_ratio,
         baseline, baseline_label, ratio, raw or {},
     )
 
 
 def at_least(
     name: str,
-    issue: str,
+    area: str,
     measured: float,
     limit: float,
     unit: str,
     raw: dict[str, Any] | None = None,
 ) -> Figure:
     """A rate that must reach ``limit`` on its own."""
-    return Figure(name, issue, measured, unit, f">= {_fmt(limit, unit)}", measured >= limit, raw=raw or {})
+    return Figure(name, area, measured, unit, f">= {_fmt(limit, unit)}", measured >= limit, raw=raw or {})
 
 
 def at_most(
     name: str,
-    issue: str,
+    area: str,
     measured: float,
     limit: float,
     unit: str,
@@ -79,14 +79,14 @@ def at_most(
 ) -> Figure:
     """A cost (latency, memory, requests) that must stay at or under ``limit``."""
     return Figure(
-        name, issue, measured, unit, f"<= {_fmt(limit, unit)}", measured <= limit,
+        name, area, measured, unit, f"<= {_fmt(limit, unit)}", measured <= limit,
         baseline, baseline_label, None, raw or {},
     )
 
 
 def info(
     name: str,
-    issue: str,
+    area: str,
     measured: float,
     unit: str,
     baseline: float | None = None,
@@ -95,7 +95,7 @@ def info(
 ) -> Figure:
     """A figure reported without a target."""
     ratio = measured / baseline if baseline else None
-    return Figure(name, issue, measured, unit, "info", None, baseline, baseline_label, ratio, raw or {})
+    return Figure(name, area, measured, unit, "info", None, baseline, baseline_label, ratio, raw or {})
 
 
 def _fmt(value: float | None, unit: str) -> str:
@@ -121,7 +121,7 @@ def _fmt(value: float | None, unit: str) -> str:
 def table(figures: list[Figure]) -> str:
     """The figures as a plain-text table: benchmark | measured | baseline | ratio | target |
     result | spread."""
-    head = ("issue", "benchmark", "measured", "baseline", "ratio", "target", "result", "spread")
+    head = ("area", "benchmark", "measured", "baseline", "ratio", "target", "result", "spread")
     rows = [head]
     for f in figures:
         base = _fmt(f.baseline, f.unit)
@@ -130,7 +130,7 @@ def table(figures: list[Figure]) -> str:
         ratio = "" if f.ratio is None else f"{f.ratio:.2f}x"
         result = "info" if f.passed is None else "PASS" if f.passed else "FAIL"
         spread = "" if f.spread is None else f"{f.spread:.0%}"
-        rows.append((f.issue, f.name, _fmt(f.measured, f.unit), base, ratio, f.target, result, spread))
+        rows.append((f.area, f.name, _fmt(f.measured, f.unit), base, ratio, f.target, result, spread))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = []
     for i, r in enumerate(rows):

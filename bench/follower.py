@@ -40,7 +40,7 @@ from workload import (
 
 log = logging.getLogger("bench")
 
-ISSUE = "#4"
+AREA = "follower"
 S3_LAG_MARGIN_MS = 500.0
 
 
@@ -96,9 +96,9 @@ def lag_local(cfg: Config, s: Scratch) -> list[Figure]:
     log.info("follower lag, local directory: %d update(sync=True) every %.0f ms", cfg.lag_samples, cfg.lag_interval * 1e3)
     r = _lag(s.fresh("log-follow"), cfg, None, sync=True)
     return [
-        at_most("follower lag, local: p50", ISSUE, r["p50_ms"], 20.0, "ms", raw=r),
-        at_most("follower lag, local: p99", ISSUE, r["p99_ms"], 100.0, "ms"),
-        info("  follower lag, local: max", ISSUE, r["max_ms"], "ms"),
+        at_most("follower lag, local: p50", AREA, r["p50_ms"], 20.0, "ms", raw=r),
+        at_most("follower lag, local: p99", AREA, r["p99_ms"], 100.0, "ms"),
+        info("  follower lag, local: max", AREA, r["max_ms"], "ms"),
     ]
 
 
@@ -110,12 +110,12 @@ def lag_s3(cfg: Config, s: Scratch) -> list[Figure]:
     buffered = _lag(moto.url("follow-buffered"), cfg, moto.options, sync=False)
     limit = synced["dest_default_flush_interval"] * 1e3 + S3_LAG_MARGIN_MS
     return [
-        at_most("follower lag, S3 sync=True: p99", ISSUE, synced["p99_ms"], limit, "ms", raw={"sync": synced, "buffered": buffered}),
-        info("  follower lag, S3 sync=True: p50", ISSUE, synced["p50_ms"], "ms"),
-        info("  follower lag, S3 buffered: p99", ISSUE, buffered["p99_ms"], "ms", synced["dest_default_flush_interval"] * 1e3, "flush interval"),
-        info("  S3 sync=True lag p50, last tenth of the run", ISSUE, synced["p50_ms_last_tenth"], "ms",
+        at_most("follower lag, S3 sync=True: p99", AREA, synced["p99_ms"], limit, "ms", raw={"sync": synced, "buffered": buffered}),
+        info("  follower lag, S3 sync=True: p50", AREA, synced["p50_ms"], "ms"),
+        info("  follower lag, S3 buffered: p99", AREA, buffered["p99_ms"], "ms", synced["dest_default_flush_interval"] * 1e3, "flush interval"),
+        info("  S3 sync=True lag p50, last tenth of the run", AREA, synced["p50_ms_last_tenth"], "ms",
              synced["p50_ms_first_tenth"], "first tenth"),
-        info("  follower requests per segment PUT", ISSUE,
+        info("  follower requests per segment PUT", AREA,
              round(sum(synced["follower_requests"].values()) / max(1, synced["writer_requests"].get("PUT", 0)), 2), "req"),
     ]
 
@@ -181,8 +181,8 @@ def catch_up(cfg: Config, s: Scratch) -> list[Figure]:
     rate = {name: n / median(t) for name, t in times.items()}
     raw = {"records": n, "seconds": times, "rates": rate}
     return [
-        vs_baseline("follower catch-up, replay=", ISSUE, rate["follow replay"], rate["restore replay"], "restore", "rec/s", 0.9, raw),
-        vs_baseline("follower catch-up, replay_batch=", ISSUE, rate["follow replay_batch"], rate["restore replay_batch"],
+        vs_baseline("follower catch-up, replay=", AREA, rate["follow replay"], rate["restore replay"], "restore", "rec/s", 0.9, raw),
+        vs_baseline("follower catch-up, replay_batch=", AREA, rate["follow replay_batch"], rate["restore replay_batch"],
                     "restore", "rec/s", 0.9),
     ]
 

@@ -76,7 +76,9 @@ def spark_benchmark() -> Benchmark | None:
 
 def _matches(wanted: str, name: str) -> bool:
     group, short = name.split(".")
-    return wanted in (name, group, short)
+    if wanted in GROUPS or wanted == "spark":
+        return wanted == group  # a group's name is not also a benchmark of another group
+    return wanted in (name, short)
 
 
 def selected(only: list[str], with_spark: bool) -> list[tuple[str, Benchmark]]:

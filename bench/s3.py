@@ -28,7 +28,7 @@ from workload import Config, Scratch, interleaved, median, no_enumeration, reque
 
 log = logging.getLogger("bench")
 
-ISSUE = "#3"
+AREA = "s3"
 _CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
@@ -131,8 +131,8 @@ def secondary_cost(cfg: Config, s: Scratch) -> list[Figure]:
     rate = {name: n / median(t) for name, t in times.items()}
     raw = {"records": n, "seconds": times, "rates": rate, "close_seconds_with_secondary": drains}
     return [
-        vs_baseline("update() buffered + S3 secondary", ISSUE, rate["secondary"], rate["local"], "local alone", "rec/s", 0.8, raw),
-        info("  close() draining the S3 secondary", ISSUE, median(drains), "s"),
+        vs_baseline("update() buffered + S3 secondary", AREA, rate["secondary"], rate["local"], "local alone", "rec/s", 0.8, raw),
+        info("  close() draining the S3 secondary", AREA, median(drains), "s"),
     ]
 
 
@@ -146,9 +146,9 @@ def sync_puts(cfg: Config, s: Scratch) -> list[Figure]:
     one = sync_rate(moto.url("sync-1"), 1, cfg.s3_sync_seconds, storage_options=moto.options)
     many = sync_rate(moto.url("sync-n"), threads, cfg.s3_sync_seconds, storage_options=moto.options)
     return [
-        vs_baseline(f"S3 update(sync=True), {threads} threads", ISSUE, many["rate"], one["rate"], "1 thread", "rec/s", 10.0,
+        vs_baseline(f"S3 update(sync=True), {threads} threads", AREA, many["rate"], one["rate"], "1 thread", "rec/s", 10.0,
                     {"one_thread": one, "threads": many}),
-        info(f"  records per PUT, {threads} threads", ISSUE, round(many["records_per_sync"], 2), "rec"),
+        info(f"  records per PUT, {threads} threads", AREA, round(many["records_per_sync"], 2), "rec"),
     ]
 
 
@@ -216,13 +216,13 @@ def requests(cfg: Config, s: Scratch) -> list[Figure]:
     }
     minute = 60.0 / follower_seconds
     return [
-        info(f"S3 requests per 1000 updates @ {cfg.paced_rate:.0f}/s, flush {flush_interval:g}s", ISSUE,
+        info(f"S3 requests per 1000 updates @ {cfg.paced_rate:.0f}/s, flush {flush_interval:g}s", AREA,
              round(per_1000, 2), "req", round(expected_per_1000, 2), "1 PUT per flush", raw=raw),
-        info(f"  PUTs while updating for {cfg.paced_seconds:.0f}s", ISSUE, busy_requests.get("PUT", 0), "req",
+        info(f"  PUTs while updating for {cfg.paced_seconds:.0f}s", AREA, busy_requests.get("PUT", 0), "req",
              round(cfg.paced_seconds / flush_interval), "1 per flush"),
-        at_most(f"LIST calls by an idle log in {idle_seconds:.0f}s", ISSUE, idle_requests.get("LIST", 0), 0, "req"),
-        info(f"  all requests by the idle log in {idle_seconds:.0f}s", ISSUE, sum(idle_requests.values()), "req"),
-        info("  idle follower LIST calls per minute", ISSUE, round(follower_requests.get("LIST", 0) * minute), "req"),
+        at_most(f"LIST calls by an idle log in {idle_seconds:.0f}s", AREA, idle_requests.get("LIST", 0), 0, "req"),
+        info(f"  all requests by the idle log in {idle_seconds:.0f}s", AREA, sum(idle_requests.values()), "req"),
+        info("  idle follower LIST calls per minute", AREA, round(follower_requests.get("LIST", 0) * minute), "req"),
     ]
 
 

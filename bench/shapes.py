@@ -25,7 +25,7 @@ from workload import Config, Scratch, cpu_timed, interleaved, no_enumeration, ti
 
 log = logging.getLogger("bench")
 
-ISSUE = "#12"
+AREA = "shapes"
 State = dict[Any, Any]
 
 
@@ -218,21 +218,21 @@ def shape_speed(cfg: Config, s: Scratch) -> list[Figure]:
         raw = {"shape": shape.text, "records": n, "seconds": times, "best_rates": rate}
         rb, r1 = rate["restore replay_batch"], rate["restore replay"]
         figures += [
-            _row(vs_baseline(f"{name}: restore replay_batch= vs sqlite3", ISSUE, rb, rate["sqlite"],
+            _row(vs_baseline(f"{name}: restore replay_batch= vs sqlite3", AREA, rb, rate["sqlite"],
                              "sqlite3", "rec/s", 1.5, raw), times, "restore replay_batch", "sqlite"),
-            _row(vs_baseline(f"{name}: restore replay_batch= vs naive loop", ISSUE, rb, rate["naive"],
+            _row(vs_baseline(f"{name}: restore replay_batch= vs naive loop", AREA, rb, rate["naive"],
                              "naive read", "rec/s", 1.2), times, "restore replay_batch", "naive"),
-            _row(vs_baseline(f"{name}: restore replay= vs sqlite3", ISSUE, r1, rate["sqlite"],
+            _row(vs_baseline(f"{name}: restore replay= vs sqlite3", AREA, r1, rate["sqlite"],
                              "sqlite3", "rec/s", 1.5), times, "restore replay", "sqlite"),
-            _row(vs_baseline(f"{name}: restore replay= vs naive loop", ISSUE, r1, rate["naive"],
+            _row(vs_baseline(f"{name}: restore replay= vs naive loop", AREA, r1, rate["naive"],
                              "naive read", "rec/s", 1.2), times, "restore replay", "naive"),
-            _row(vs_baseline(f"{name}: follower catch-up vs restore", ISSUE, rate["follow replay_batch"], rb,
+            _row(vs_baseline(f"{name}: follower catch-up vs restore", AREA, rate["follow replay_batch"], rb,
                              "restore", "rec/s", 0.9), times, "follow replay_batch", "restore replay_batch"),
-            _row(vs_baseline(f"{name}: update() buffered vs naive loop", ISSUE, rate["update"], rate["naive write"],
+            _row(vs_baseline(f"{name}: update() buffered vs naive loop", AREA, rate["update"], rate["naive write"],
                              "naive write", "rec/s", 1.0), times, "update", "naive write"),
         ]
         if name == "nested":
-            figures.append(_row(at_least("nested: restore replay_batch= (stretch)", ISSUE, rb, NESTED_STRETCH, "rec/s"),
+            figures.append(_row(at_least("nested: restore replay_batch= (stretch)", AREA, rb, NESTED_STRETCH, "rec/s"),
                                 times, "restore replay_batch"))
     return figures
 
@@ -258,9 +258,9 @@ def live_heap(cfg: Config, s: Scratch) -> list[Figure]:
             raw = {"heap_objects": len(heap), "records": n, "seconds": times, "best_rates": rate}
             label = f"{name}, {len(heap) / 1e6:g} M objects live"
             figures += [
-                _row(vs_baseline(f"{label}: restore vs sqlite3", ISSUE, rate["restore replay_batch"], rate["sqlite"],
+                _row(vs_baseline(f"{label}: restore vs sqlite3", AREA, rate["restore replay_batch"], rate["sqlite"],
                                  "sqlite3", "rec/s", 1.5, raw), times, "restore replay_batch", "sqlite"),
-                _row(vs_baseline(f"{label}: restore vs naive loop", ISSUE, rate["restore replay_batch"], rate["naive"],
+                _row(vs_baseline(f"{label}: restore vs naive loop", AREA, rate["restore replay_batch"], rate["naive"],
                                  "naive read", "rec/s", 1.2), times, "restore replay_batch", "naive"),
             ]
     finally:
@@ -315,15 +315,15 @@ def restart_time(cfg: Config, s: Scratch) -> list[Figure]:
     raw = {"keys": keys, "updates": updates, "runs": result}
     head = f"restart, {keys / 1e6:g} M keys after {updates / 1e6:g} M updates"
     return [
-        info(f"{head}: open() after close(rotate=True)", ISSUE, rotated["open_seconds"], "s",
+        info(f"{head}: open() after close(rotate=True)", AREA, rotated["open_seconds"], "s",
              plain["open_seconds"], "after close()", raw),
-        info("  records replayed by that open()", ISSUE, rotated["records_replayed"], "rec",
+        info("  records replayed by that open()", AREA, rotated["records_replayed"], "rec",
              plain["records_replayed"], "after close()"),
-        info("  restore alone after close(rotate=True)", ISSUE, rotated["restore_seconds"], "s",
+        info("  restore alone after close(rotate=True)", AREA, rotated["restore_seconds"], "s",
              plain["restore_seconds"], "after close()"),
-        info("  close(rotate=True) wall time", ISSUE, rotated["close_seconds"], "s",
+        info("  close(rotate=True) wall time", AREA, rotated["close_seconds"], "s",
              plain["close_seconds"], "close()"),
-        info("  restart (close + open) with rotate=True", ISSUE, rotated["close_seconds"] + rotated["open_seconds"], "s",
+        info("  restart (close + open) with rotate=True", AREA, rotated["close_seconds"] + rotated["open_seconds"], "s",
              plain["close_seconds"] + plain["open_seconds"], "close()"),
     ]
 
@@ -349,7 +349,7 @@ def spark_reader(cfg: Config, s: Scratch) -> list[Figure]:
     result = spark_bench.run_shapes([(name, SHAPES[name].records(n), JSON_SCHEMAS[name]) for name in cfg.shapes])
     figures = []
     for name, r in result.items():
-        fig = vs_baseline(f"{name}: Spark reader (persistlog source)", ISSUE, r["persistlog_rows_per_s"],
+        fig = vs_baseline(f"{name}: Spark reader (persistlog source)", AREA, r["persistlog_rows_per_s"],
                           r["json_rows_per_s"], "Spark JSON reader", "rec/s", 1.0, r)
         fig.spread = max(r["persistlog_spread"], r["json_spread"])
         figures.append(fig)

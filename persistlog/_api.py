@@ -19,7 +19,7 @@ from . import _format as F
 from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._log import Log, LogSettings, destination_at, release_writer_lock
-from ._reader import end_of_logs, list_logs, read_pointer
+from ._reader import end_of_logs, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._rotation import EnumerateAll
 
@@ -134,6 +134,16 @@ def open(
     Otherwise a destination holding records raises :class:`ExistingLogError`, unless
     ``discard_existing=True`` (start over; the old logs go by retention).
 
+    One open skips the enumeration: when it replays (``replay=``/``replay_batch=``) a
+    newest log that is complete and holds its snapshot and nothing after it, as
+    ``close(rotate=True)`` leaves it, opened with the same ``metadata`` and without
+    ``secondaries``, the new log starts after that snapshot without calling
+    ``enumerate_all``: the snapshot stays the restore point until the next rotation (a
+    trigger, or ``rotate()``) writes a new one. The state it holds is the one just
+    replayed, so an enumeration would write the same records again. (After
+    ``restore()`` then ``open()`` the app may have changed its state in between: that
+    open enumerates.)
+
     ``url`` (and each secondary's) is a string or an ``os.PathLike``. Triggers (``None``
     turns one off): ``rotate_bytes`` (default 64 MiB of log), ``rotate_records`` (updates
     in the current log), ``rotate_interval`` (seconds), ``rotate_on_signal`` (e.g.
@@ -197,6 +207,10 @@ def open(
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             last_seq, next_lsn = end_of_logs(dest, logs)
+            after_snapshot = (
+                not discard_existing and not secondaries
+                and _fresh_snapshot(dest, logs, pointer, restored, metadata)
+            )
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
         holds_records = next_lsn > F.FIRST_LSN
@@ -236,9 +250,30 @@ def open(
         secondaries=secondaries or [],
         rotate_on_signal=rotate_on_signal,
         restored=restored,
+        after_snapshot=after_snapshot,
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+def _fresh_snapshot(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], pointer: int | None,
+    restored: RestoreResult | None, metadata: Any,
+) -> bool:
+    """Whether the newest log, just replayed by open() itself, is a complete log holding its
+    snapshot and nothing after it (as ``close(rotate=True)`` leaves it), with the metadata
+    the app opens with: then it can stay the restore point, and an opening enumeration
+    would write the same state again."""
+    if restored is None or not restored.complete or restored.skipped or not logs:
+        return False
+    seq = max(logs)
+    if restored.logs != [seq] or pointer != seq:
+        return False
+    seal = newest_seal(dest, logs)
+    if seal is None or seal.get(F.SEAL_COMPLETE_LSN) != seal["next_lsn"]:
+        return False
+    header = log_header(dest, logs[seq])
+    return header is not None and header.get("metadata") == metadata
 
 
 def _take_writer_lock(dest: Destination, writer_id: str, ttl: float) -> WriterLock:

@@ -877,23 +877,86 @@ depth_next_child(DepthLevel *lv, PyObject **child)
     }
 }
 
+/* How deep an app's usual record nests, the walk below answering most records. */
+#define DEPTH_SHALLOW 8
+
+/* The depth of ``x`` if it is built only of exact dicts, lists and tuples around scalar
+ * leaves (dict keys scalars too) and nests at most ``budget`` deep; -2 otherwise, for the
+ * general walk to answer. This runs before every update(), so it takes no references and
+ * sets up no stack: it runs no Python code (nothing can change what it reads) and
+ * recurses at most ``budget`` levels on the C stack. */
+static Py_ssize_t
+depth_shallow(PyObject *x, int budget)
+{
+    if (depth_is_scalar(x))
+        return 0;
+    if (budget == 0)
+        return -2;
+    PyTypeObject *t = Py_TYPE(x);
+    Py_ssize_t deepest = 0, d;
+    if (t == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(x, &pos, &k, &v)) {
+            if (!depth_is_scalar(k))
+                return -2;
+            if (!depth_is_scalar(v)) {
+                if ((d = depth_shallow(v, budget - 1)) < 0)
+                    return -2;
+                if (d > deepest)
+                    deepest = d;
+            }
+        }
+        return deepest + 1;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        PyObject **items = PySequence_Fast_ITEMS(x);
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!depth_is_scalar(items[i])) {
+                if ((d = depth_shallow(items[i], budget - 1)) < 0)
+                    return -2;
+                if (d > deepest)
+                    deepest = d;
+            }
+        }
+        return deepest + 1;
+    }
+    return -2;
+}
+
 /* The depth of ``value``, ``limit + 1`` once deeper than ``limit``; -1 with an error set. */
 static Py_ssize_t
 depth_of(PyObject *value, Py_ssize_t limit)
 {
-    if (depth_is_scalar(value))
-        return 0;
-    /* The common record, a dict of scalars, answered without setting up a walk: this runs
-     * before every update(). */
-    if (PyDict_CheckExact(value) && limit > 0) {
-        Py_ssize_t pos = 0;
+    int budget = limit < DEPTH_SHALLOW ? (int)limit + 1 : DEPTH_SHALLOW;
+    Py_ssize_t shallow = -2;
+    if (PyDict_CheckExact(value) && budget > 0) {
+        /* depth_shallow()'s dict case, inline for the usual record: a dict. */
+        Py_ssize_t pos = 0, d;
         PyObject *k, *v;
-        int flat = 1;
-        while (flat && PyDict_Next(value, &pos, &k, &v))
-            flat = depth_is_scalar(k) && depth_is_scalar(v);
-        if (flat)
-            return 1;
+        shallow = 0;
+        while (PyDict_Next(value, &pos, &k, &v)) {
+            if (!depth_is_scalar(k)) {
+                shallow = -2;
+                break;
+            }
+            if (depth_is_scalar(v))
+                continue;
+            if ((d = depth_shallow(v, budget - 1)) < 0) {
+                shallow = -2;
+                break;
+            }
+            if (d > shallow)
+                shallow = d;
+        }
+        if (shallow >= 0)
+            shallow++;
+    } else {
+        shallow = depth_shallow(value, budget);
     }
+    if (shallow >= 0)
+        return shallow > limit ? limit + 1 : shallow;
     DepthLevel small[32];
     DepthLevel *stack = small;
     Py_ssize_t cap = 32, height = 0, deepest = 0;
@@ -999,9 +1062,10 @@ nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
 }
 
-/* depth_checked(): ``encode`` behind the depth check, as one builtin function whose
- * ``self`` is the tuple (encode, limit, error), so that the writer's hot path pays for one
- * call, and one the interpreter calls as fast as any builtin. */
+/* depth_checked(): ``encode`` behind the depth check, then ``position()``, as one builtin
+ * function whose ``self`` is the tuple (encode, limit, error, position), so that the
+ * writer's hot path pays for one call where it would make three, and one the interpreter
+ * calls as fast as any builtin. */
 
 static PyObject *
 depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
@@ -1022,34 +1086,38 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
         }
         return NULL;
     }
-    return PyObject_Vectorcall(PyTuple_GET_ITEM(state, 0), args, 1, NULL);
+    PyObject *encoded = PyObject_Vectorcall(PyTuple_GET_ITEM(state, 0), args, 1, NULL);
+    if (encoded == NULL)
+        return NULL;
+    Py_DECREF(encoded);
+    return PyObject_CallNoArgs(PyTuple_GET_ITEM(state, 3));
 }
 
 static PyMethodDef depth_checked_def = {
     "encode_checked", (PyCFunction)(void (*)(void))depth_checked_call, METH_FASTCALL,
-    "encode_checked(value): encode(value), unless value nests too deep (then raise error(value)).",
+    "encode_checked(value): encode(value) then position(), unless value nests too deep (then raise error(value)).",
 };
 
 PyDoc_STRVAR(depth_checked_doc,
-"depth_checked(encode, limit, error) -> callable\n\n"
+"depth_checked(encode, limit, error, position) -> callable\n\n"
 "A callable taking one value: if it nests deeper than ``limit`` (see nesting_depth),\n"
-"raises ``error(value)``; otherwise returns ``encode(value)``.");
+"raises ``error(value)``; otherwise calls ``encode(value)`` and returns ``position()``.");
 
 static PyObject *
 depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t limit;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error) takes 3 arguments");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error, position) takes 4 arguments");
         return NULL;
     }
-    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "depth_checked: encode and error must be callables");
+    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked: encode, error and position must be callables");
         return NULL;
     }
     if (depth_limit_arg(args[1], &limit) < 0)
         return NULL;
-    PyObject *state = PyTuple_Pack(3, args[0], args[1], args[2]);
+    PyObject *state = PyTuple_Pack(4, args[0], args[1], args[2], args[3]);
     if (state == NULL)
         return NULL;
     PyObject *checked = PyCFunction_NewEx(&depth_checked_def, state, NULL);

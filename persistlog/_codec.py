@@ -39,6 +39,40 @@ def _neutral_tag(tag: int) -> Callable[[Any, bool], cbor2.CBORTag]:
 # inert tags instead. persistlog never writes them.
 _SAFE_SEMANTIC = {tag: _neutral_tag(tag) for tag in (28, 29, 35, 36)}
 
+# The tags cbor2 decodes to a value of its own (dates, bignums, decimals, UUIDs, sets...).
+_NATIVE_TAGS = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 55799)
+
+
+def _meaning_or_tag(tag: int) -> Callable[[Any, bool], Any]:
+    def decode(value: Any, immutable: bool) -> Any:
+        try:
+            meant = cbor2.loads(cbor2.dumps(cbor2.CBORTag(tag, value)), semantic_decoders=_SAFE_SEMANTIC)
+        except (cbor2.CBORError, ValueError, TypeError, OverflowError):
+            return cbor2.CBORTag(tag, value)
+        return frozenset(meant) if immutable and isinstance(meant, set) else meant
+
+    return decode
+
+
+# A second reading, for bytes whose checksum holds but which cbor2 refuses: an app logged a
+# CBORTag whose content has no meaning under its number (CBORTag(1004, "") is no date).
+# Such a tag reads back as the inert tag it was, the rest of the batch as usual: every
+# record a writer logged must read back. String references (25, 256) are never written by
+# persistlog's encoder, so there they are only tags an app made: inert too.
+_LENIENT_SEMANTIC = {
+    **{tag: _meaning_or_tag(tag) for tag in _NATIVE_TAGS},
+    **{tag: _neutral_tag(tag) for tag in (25, 256)},
+    **_SAFE_SEMANTIC,
+}
+
+
+def _decode(data: bytes, tag_hook: Callable[[cbor2.CBORTag, bool], Any]) -> Any:
+    try:
+        return cbor2.loads(data, tag_hook=tag_hook, semantic_decoders=_SAFE_SEMANTIC, max_depth=SEQUENCE_DEPTH)
+    except cbor2.CBORDecodeError:
+        # Damage fails this reading too, with the same error.
+        return cbor2.loads(data, tag_hook=tag_hook, semantic_decoders=_LENIENT_SEMANTIC, max_depth=SEQUENCE_DEPTH)
+
 
 class RecordTooDeep(ValueError):
     """A value nests deeper than :data:`MAX_RECORD_DEPTH`: refused before anything is written."""
@@ -252,18 +286,20 @@ class Codec:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
         return cbor2.CBOREncoder(fp, default=self._default)
 
-    def record_encoder(self, fp: Any) -> Callable[[Any], Any]:
-        """``encode(record)`` writing to ``fp`` (the Log's batch buffer), which first
-        refuses with :class:`RecordTooDeep` a record nested deeper than
-        ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C where it is built."""
-        encode = self.encoder(fp).encode
+    def record_encoder(self, fp: Any) -> Callable[[Any], int]:
+        """``encode(record)`` writing to ``fp`` (the Log's batch buffer) and returning
+        ``fp.tell()`` after it, which first refuses with :class:`RecordTooDeep` a record
+        nested deeper than ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C
+        where it is built."""
+        encode, tell = self.encoder(fp).encode, fp.tell
         if _c_depth_checked is not None:
-            checked: Callable[[Any], Any] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep)
+            checked: Callable[[Any], int] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep, tell)
             return checked
 
-        def encode_checked(record: Any) -> Any:
+        def encode_checked(record: Any) -> int:
             check_depth(record)
-            return encode(record)
+            encode(record)
+            return int(tell())
 
         return encode_checked
 
@@ -307,12 +343,7 @@ class Codec:
 
     def loads(self, data: bytes) -> Any:
         """Decode one CBOR item (or an indefinite array of records) safely."""
-        return cbor2.loads(
-            data,
-            tag_hook=self._tag_hook,
-            semantic_decoders=_SAFE_SEMANTIC,
-            max_depth=SEQUENCE_DEPTH,
-        )
+        return _decode(data, self._tag_hook)
 
 
 def _thaw(value: Any) -> Any:
@@ -352,9 +383,4 @@ def _keep_tag(tag: cbor2.CBORTag, immutable: bool) -> cbor2.CBORTag:
 
 def plain_loads(data: bytes) -> Any:
     """Decode control records and pointers: no tags are given meaning beyond cbor2's safe set."""
-    return cbor2.loads(
-        data,
-        tag_hook=_keep_tag,
-        semantic_decoders=_SAFE_SEMANTIC,
-        max_depth=SEQUENCE_DEPTH,
-    )
+    return _decode(data, _keep_tag)

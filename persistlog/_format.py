@@ -67,6 +67,9 @@ CONTROL_SEAL = "seal"
 # Key of a log header set when the logs before this one at this destination do not chain
 # to it: the writer missed logs or records here (a secondary detached or behind).
 HEADER_AFTER_GAP = "after_gap"
+# Key of a seal record: the LSN due when the log's ``complete`` record was written. Equal to
+# the seal's ``next_lsn``, the log holds its snapshot and nothing after it.
+SEAL_COMPLETE_LSN = "complete_lsn"
 
 FIRST_LSN = 1
 FIRST_SEQ = 1

@@ -173,12 +173,15 @@ class Log:
         secondaries: Sequence[SecondaryEntry],
         rotate_on_signal: int | None,
         restored: RestoreResult | None,
+        after_snapshot: bool = False,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
         ``writer_lock`` is held already (taken with ``writer_id``); the logs at ``dest``
         end with log ``last_seq`` before LSN ``next_lsn``, and ``complete_logs`` are the
-        complete ones among them. On failure everything is let go (the lock too) and the
+        complete ones among them. With ``after_snapshot`` (log ``last_seq`` holds a fresh
+        snapshot and nothing after it, just replayed) the first log starts after it
+        without an enumeration. On failure everything is let go (the lock too) and the
         error is raised.
         """
         self.dest = dest
@@ -213,8 +216,7 @@ class Log:
         # Records are encoded straight into one growing buffer (a CBOR sequence), which
         # saves a bytes object per record; _pos is the end of the last whole record.
         self._fp = io.BytesIO()
-        self._enc_encode = codec.record_encoder(self._fp)
-        self._tell = self._fp.tell
+        self._enc_encode = codec.record_encoder(self._fp)  # returns the buffer's new end
         self._pos = 0
         self._buf_first = next_lsn
         self._snap: list[int] = []
@@ -246,6 +248,8 @@ class Log:
         # Figures for stats() and rotation triggers.
         self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
         self._log_update_records = 0
+        # Where the current log's ``complete`` record stands, once written: its seal says so.
+        self._complete_lsn: int | None = None
         self._secondaries: list[Secondary] = []
         # Background work and closing.
         self._ticker: threading.Thread | None = None
@@ -280,7 +284,10 @@ class Log:
             self._start_background(interval, None if dest.appendable else lease_ttl / 3)
             if rotate_on_signal is not None:
                 self._install_signal(rotate_on_signal)
-            self._rotator.wait(self._rotator.request(coalesce=False))
+            if after_snapshot:
+                self._rotator.start_after_snapshot()
+            else:
+                self._rotator.wait(self._rotator.request(coalesce=False))
         except BaseException:
             self._abandon()
             raise
@@ -313,8 +320,7 @@ class Log:
                 self._unblock()
             pos = self._pos
             try:
-                self._enc_encode(record)
-                end = self._tell()
+                end = self._enc_encode(record)
             except BaseException as e:
                 self._blocked = True  # what was encoded of it is cut before the next append
                 if isinstance(e, Exception):
@@ -503,7 +509,9 @@ class Log:
         Calls from several threads return once the log is sealed; later calls do nothing.
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
-        none of the updates before it: a slower shutdown for a faster next restore. If
+        none of the updates before it, and the next ``open(..., replay=)`` starts writing
+        after that snapshot instead of enumerating again (see :func:`persistlog.open`): a
+        slower shutdown for a faster next start. If
         that enumeration raises, the log is still closed (restore then reads the previous
         complete log as usual) and :class:`EnumerateError` is raised after.
         Called from inside ``enumerate_all`` it raises ``RuntimeError`` (it would wait for
@@ -578,8 +586,7 @@ class Log:
                 self._unblock()
             pos = self._pos
             try:
-                self._enc_encode(record)
-                end = self._tell()
+                end = self._enc_encode(record)
             except BaseException as e:
                 self._blocked = True
                 if isinstance(e, Exception):
@@ -880,6 +887,7 @@ class Log:
             self._log_update_records = 0
             if old is not None:
                 self._seal(old, first)
+            self._complete_lsn = None
             for secondary in self._secondaries:
                 if old is not None:
                     secondary.seal()
@@ -887,16 +895,17 @@ class Log:
             return sw
 
     def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
-        self._guarded(lambda: sw.seal(seal_batch(next_lsn)))
+        complete_lsn = self._complete_lsn
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn)))
 
     @property
     def _current_writer(self) -> SegmentWriter | None:
         """The segment writer of the log being written (None before the first log)."""
         return self._sw
 
-    def _on_complete(self, seq: int) -> None:
+    def _on_complete(self, seq: int, complete_lsn: int) -> None:
         for secondary in list(self._secondaries):
-            secondary.complete(seq)
+            secondary.complete(seq, complete_lsn)
 
     # -- secondaries --------------------------------------------------------------------
 

@@ -180,30 +180,35 @@ def header_record(batch: bytes, offset: int = F.SEGMENT_HEADER_SIZE) -> dict[str
     return next((c for c in records if c["t"] == F.CONTROL_HEADER), None)
 
 
-def declares_gap(dest: Destination, segments: list[tuple[int, str]]) -> bool:
-    """Whether the log made of ``segments`` says in its header that it follows a gap.
+def log_header(dest: Destination, segments: list[tuple[int, str]]) -> dict[str, Any] | None:
+    """The header record of the log made of ``segments``; None if it cannot be read.
 
     Reads the start of its first segment only (one small read, two for a big header)."""
     if not segments or segments[0][0] != 0:
-        return False
+        return None
     seg = SegmentBytes(dest, segments[0][1], 0, chunk=HEADER_PEEK)
     try:
         seg.size = dest.size(seg.name) if dest.appendable else F.SEGMENT_HEADER_SIZE + F.MAX_BATCH_BYTES
-        return _gap_declared(seg)
+        return _header_in(seg)
     except OSError:
-        return False
+        return None
 
 
-def _gap_declared(seg: SegmentBytes) -> bool:
+def declares_gap(dest: Destination, segments: list[tuple[int, str]]) -> bool:
+    """Whether the log made of ``segments`` says in its header that it follows a gap."""
+    header = log_header(dest, segments)
+    return bool(header and header.get(F.HEADER_AFTER_GAP) is True)
+
+
+def _header_in(seg: SegmentBytes) -> dict[str, Any] | None:
     head = seg.get(F.SEGMENT_HEADER_SIZE, F.BATCH_HEADER_SIZE)
     try:
         size = parse_batch_header(head, F.SEGMENT_HEADER_SIZE).size
     except Damage:
-        return False
+        return None
     if size > F.MAX_BATCH_BYTES:
-        return False
-    header = header_record(seg.get(F.SEGMENT_HEADER_SIZE, size))
-    return bool(header and header.get(F.HEADER_AFTER_GAP) is True)
+        return None
+    return header_record(seg.get(F.SEGMENT_HEADER_SIZE, size))
 
 
 class SegmentBytes:
@@ -353,7 +358,8 @@ class LogScanner:
                     f"segment header says log {sh.seq} segment {sh.segment}", name, 0, seg.size
                 )
             if next_lsn is not None and sh.first_lsn != next_lsn:
-                if number == 0 and _gap_declared(seg):
+                log_head = _header_in(seg) if number == 0 else None
+                if log_head is not None and log_head.get(F.HEADER_AFTER_GAP) is True:
                     st.after_gap = True
                     st.position = (number, 0)
                     return
@@ -523,26 +529,41 @@ class LogScanner:
         return seg.size
 
 
+def newest_seal(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> dict[str, Any] | None:
+    """The seal record of the newest log, read from its trailer alone; None if that log is
+    not cleanly sealed (or its end is damaged, which a scan reports precisely)."""
+    if not logs:
+        return None
+    _number, name = logs[max(logs)][-1]
+    size = dest.size(name)
+    if size < F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE + F.TRAILER_SIZE:
+        return None
+    seal_at = parse_trailer(dest.read(name, size - F.TRAILER_SIZE, F.TRAILER_SIZE))
+    if seal_at is None or seal_at >= size - F.TRAILER_SIZE:
+        return None
+    try:
+        head = parse_batch_header(dest.read(name, seal_at, F.BATCH_HEADER_SIZE), seal_at)
+        if head.kind != F.KIND_CONTROL or seal_at + head.size != size - F.TRAILER_SIZE:
+            return None
+        payload = dest.read(name, seal_at + F.BATCH_HEADER_SIZE, head.stored_len)
+        for c in control_records(head, check_payload(head, payload, seal_at), seal_at):
+            if c["t"] == F.CONTROL_SEAL and isinstance(c.get("next_lsn"), int):
+                return c
+    except Damage:
+        pass
+    return None
+
+
 def end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int]:
     """``(newest seq, next LSN)`` of what is at the destination, reading as little as it can:
     the seal of a cleanly closed log, else a scan of the newest log's last segment."""
     if not logs:
         return 0, F.FIRST_LSN
     seq = max(logs)
-    number, name = logs[seq][-1]
-    size = dest.size(name)
-    if size >= F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE + F.TRAILER_SIZE:
-        seal_at = parse_trailer(dest.read(name, size - F.TRAILER_SIZE, F.TRAILER_SIZE))
-        if seal_at is not None and seal_at < size - F.TRAILER_SIZE:
-            try:
-                head = parse_batch_header(dest.read(name, seal_at, F.BATCH_HEADER_SIZE), seal_at)
-                if head.kind == F.KIND_CONTROL and seal_at + head.size == size - F.TRAILER_SIZE:
-                    payload = dest.read(name, seal_at + F.BATCH_HEADER_SIZE, head.stored_len)
-                    for c in control_records(head, check_payload(head, payload, seal_at), seal_at):
-                        if c["t"] == F.CONTROL_SEAL and isinstance(c.get("next_lsn"), int):
-                            return seq, int(c["next_lsn"])
-            except Damage:
-                pass  # fall back to scanning, which reports the damage precisely
+    number, _name = logs[seq][-1]
+    seal = newest_seal(dest, logs)
+    if seal is not None:
+        return seq, int(seal["next_lsn"])
     scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))
     for _batch in scanner:
         pass

@@ -53,7 +53,7 @@ class Rotator:
         retain: int,
         on_error: Callable[[BaseException], None] | None,
         known_complete: list[int],
-        on_complete: Callable[[int], None] | None = None,
+        on_complete: Callable[[int, int], None] | None = None,
     ) -> None:
         self.lg = lg
         self.enumerate_all = enumerate_all
@@ -123,6 +123,19 @@ class Rotator:
                 raise TimeoutError(f"the rotation did not finish within {timeout}s")
             done.release()
         return fut.result(0)
+
+    def start_after_snapshot(self) -> int:
+        """Start the next log without an enumeration, for open() when the newest log is a
+        complete log holding a fresh snapshot and nothing after it: restore starts there
+        and reads this one after it, and the next trigger's rotation makes a new
+        complete log as usual."""
+        lg = self.lg
+        seq = lg.seq + 1
+        lg._start_log(seq)
+        self._arm_records(False)
+        log.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
+                 seq, lg.dest.url, seq - 1)
+        return seq
 
     def _finished(self, fut: Future[int]) -> None:
         done = self._done.pop(fut, None)
@@ -285,6 +298,7 @@ class Rotator:
         with lg._io_lock:
             lg._check()
             lg._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
+            complete_lsn = lg._complete_lsn = lg._written_lsn  # control batches take no LSN
             lg._sync_primary()
             sw = lg._current_writer
             self._snapshot_bytes = sw.bytes_written if sw is not None else 0
@@ -300,7 +314,7 @@ class Rotator:
         log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, lg.dest.url, emitted,
                  self.last_rotation["seconds"])
         if self.on_complete is not None:
-            self.on_complete(seq)
+            self.on_complete(seq, complete_lsn)
         return seq
 
     def _retain(self) -> None:

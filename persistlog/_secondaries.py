@@ -80,6 +80,7 @@ class Secondary:
         self._lock: WriterLock | None = None
         self._sw: SegmentWriter | None = None
         self._next_lsn = 0
+        self._complete_lsn: int | None = None  # the current log's, for its seal
         # (seq, next LSN) of the newest log at the destination when known for sure: a new
         # log continues it only if it is the next seq starting at that LSN.
         self._end: tuple[int, int] | None = None
@@ -142,8 +143,8 @@ class Secondary:
     def seal(self) -> None:
         self._put(("seal",), self._feed)
 
-    def complete(self, seq: int) -> None:
-        self._put(("complete", seq), self._feed)
+    def complete(self, seq: int, complete_lsn: int) -> None:
+        self._put(("complete", seq, complete_lsn), self._feed)
 
     def close(self, seal: bool = False, timeout: float | None = 60.0) -> None:
         """Write what is queued (sealing the current log if asked), then stop."""
@@ -318,6 +319,7 @@ class Secondary:
             started.start(first, header_batch)
             self._sw = started
             self._next_lsn = first
+            self._complete_lsn = None
             self._end = (seq, first)
             if self.error is not None:
                 log.info("re-attached secondary %s with log %d", self.dest.url, seq)
@@ -343,6 +345,7 @@ class Secondary:
             seq = event[2]
             if seq != sw.seq:
                 return  # a log this secondary does not hold whole: CURRENT must not name it
+            self._complete_lsn = event[3]
             sw.sync()
             moved = move_pointer(self.dest, seq)
             self._known_complete.append(seq)
@@ -365,7 +368,7 @@ class Secondary:
         sw = self._sw
         if sw is None:
             return
-        sw.seal(seal_batch(self._next_lsn))
+        sw.seal(seal_batch(self._next_lsn, self._complete_lsn))
         self._sw = None
 
     def _detach(self, e: BaseException) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from destinations import AppendFile, Destination
 
@@ -36,9 +37,13 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def seal_batch(next_lsn: int) -> bytes:
-    """The control batch that ends a log whose successor starts at ``next_lsn``."""
-    return _encoder.control_batch([{"t": F.CONTROL_SEAL, "next_lsn": next_lsn}], next_lsn, now_us())
+def seal_batch(next_lsn: int, complete_lsn: int | None = None) -> bytes:
+    """The control batch that ends a log whose successor starts at ``next_lsn``;
+    ``complete_lsn`` is where its ``complete`` record stands, if it has one."""
+    seal: dict[str, Any] = {"t": F.CONTROL_SEAL, "next_lsn": next_lsn}
+    if complete_lsn is not None:
+        seal[F.SEAL_COMPLETE_LSN] = complete_lsn
+    return _encoder.control_batch([seal], next_lsn, now_us())
 
 
 def move_pointer(dest: Destination, seq: int) -> bool:

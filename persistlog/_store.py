@@ -237,7 +237,8 @@ class ResourceStore(MutableMapping[Any, Any]):
 
     def close(self, rotate: bool = False) -> None:
         """Close the log; ``rotate=True`` first writes a fresh snapshot, so that the next
-        :meth:`open` replays just the live keys (see :meth:`persistlog.Log.close`)."""
+        :meth:`open` replays just the live keys and writes no snapshot of its own (see
+        :meth:`persistlog.Log.close`)."""
         if self._log is not None:
             self._log.close(rotate=rotate)
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from batches import batch_spans
 from faults import FaultPlan
 
 import persistlog
@@ -37,7 +38,6 @@ from kv_app import App, apply, restore_state
 from threads import wait_until
 from destinations import open_destination
 
-SEGMENT_HEADER = 40
 BATCH_HEADER = 40
 
 
@@ -235,17 +235,6 @@ def _rewrite(where: Where, name: str, data: bytes) -> None:
     d.create(name, data)
 
 
-def _batches(data: bytes) -> list[tuple[int, int]]:
-    spans, pos = [], SEGMENT_HEADER
-    while pos + BATCH_HEADER <= len(data):
-        end = pos + BATCH_HEADER + int.from_bytes(data[pos: pos + 4], "little")
-        if end > len(data):
-            break
-        spans.append((pos, end))
-        pos = end
-    return spans
-
-
 def test_torn_tails_and_corruption(where: Where) -> None:
     """A crash leaves a torn tail only where segments grow by append (local): dropped and
     reported. An object is written whole, so a short one is corruption. Damage anywhere
@@ -263,7 +252,7 @@ def test_torn_tails_and_corruption(where: Where) -> None:
     names = crashed.segments()
     last = names[-1]
     data = crashed.dest().read(last)
-    spans = _batches(data)
+    spans = batch_spans(data)
     if where.kind == "local":
         start, end = spans[-1]
         _rewrite(crashed, last, data + data[start: start + 25])  # a batch header cut short
@@ -284,7 +273,7 @@ def test_torn_tails_and_corruption(where: Where) -> None:
     # A flipped bit in a batch that is not the last: corruption, wherever it is.
     biggest = max(names, key=lambda n: len(crashed.dest().read(n)))
     big = bytearray(crashed.dest().read(biggest))
-    start, _ = _batches(bytes(big))[0]
+    start, _ = batch_spans(bytes(big))[0]
     big[start + BATCH_HEADER + 2] ^= 0x10
     _rewrite(crashed, biggest, bytes(big))
     with pytest.raises(persistlog.CorruptLogError) as e:

@@ -12,30 +12,16 @@ from typing import Any
 import pytest
 
 import persistlog
+from batches import batch_spans
 from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
 
 
-SEGMENT_HEADER = 40
 BATCH_HEADER = 40
 
 
 # -- torn tails and corruption ---------------------------------------------------------
-
-
-def batch_spans(data: bytes, start: int = SEGMENT_HEADER) -> list[tuple[int, int]]:
-    """``(offset, end)`` of every whole batch in segment bytes (FORMAT.md: u32 stored length
-    first in each 40-byte batch header)."""
-    spans = []
-    pos = start
-    while pos + BATCH_HEADER <= len(data):
-        end = pos + BATCH_HEADER + int.from_bytes(data[pos: pos + 4], "little")
-        if end > len(data):
-            break
-        spans.append((pos, end))
-        pos = end
-    return spans
 
 
 def _reference_segments(tmp_path: Path, records: int, segment_bytes: int = 1 << 20) -> tuple[Path, list[bytes], dict[str, Any]]:

@@ -274,6 +274,24 @@ def test_the_measure_is_the_depth_cbor2s_decoder_counts(value: Any) -> None:
             cbor2.loads(data, max_depth=depth - 2)
 
 
+@active_profile()
+@given(plain, st.integers(0, 12))
+def test_c_and_python_agree_under_any_limit(value: Any, limit: int) -> None:
+    # The C walk answers shallow records of dicts, lists and tuples without its general
+    # walk: a limit below, at and above that shortcut's reach must not change the answer.
+    assert _codec.nesting_depth(value, limit) == _codec._nesting_depth(value, limit)
+
+
+@pytest.mark.parametrize("depth", range(12))
+@pytest.mark.parametrize("limit", [0, 1, 6, 7, 8, 9, 10, 256])
+def test_records_around_the_shortcuts_reach(depth: int, limit: int) -> None:
+    for wrap in (lambda x: [x], lambda x: {"k": x, "n": 1}, lambda x: ("t", x)):
+        assert _codec.nesting_depth(nested(depth, wrap), limit) == min(depth, limit + 1)
+    # A set the shortcut leaves to the general walk, at every level.
+    with_sets = nested(depth, lambda x: {"s": {1, 2}, "v": x})
+    assert _codec.nesting_depth(with_sets, limit) == _codec._nesting_depth(with_sets, limit) == min(depth + 1 if depth else 0, limit + 1)
+
+
 def test_the_limit_fits_the_readers_and_the_json_fast_path() -> None:
     """Everything a writer logs reads back (readers accept MAX_CBOR_DEPTH), and takes the
     JSON fast path of _cbor_json.c, which hands deeper records over to Python."""

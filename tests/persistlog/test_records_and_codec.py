@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -190,11 +191,31 @@ def test_big_update_many_is_one_batch_even_beside_buffered_records(log_dir: str)
     assert app_batches(log_dir) == [(1, buffered), (last - 2, 3)]
 
 
+def test_a_tag_whose_content_means_nothing_reads_back_as_that_tag(log_dir: str) -> None:
+    # cbor2 writes these as given but refuses to decode them ("error decoding string-form
+    # date"): the log must not become unreadable for one odd value an app logged.
+    odd = [cbor2.CBORTag(1004, ""), cbor2.CBORTag(0, "not a date"), cbor2.CBORTag(1, "x"),
+           cbor2.CBORTag(37, b"short"), cbor2.CBORTag(25, 7), cbor2.CBORTag(258, 5)]
+    when = datetime.datetime(2025, 1, 1, tzinfo=datetime.timezone.utc)
+    records = [{"op": "put", "key": i, "value": [v, when, {1, 2}]} for i, v in enumerate(odd)]
+    records.append({"op": "put", "key": "k", "value": {frozenset({1}): cbor2.CBORTag(1004, "2025-13-45")}})
+    lg = persistlog.open(log_dir, lambda emit: None)
+    lg.update_many(records)
+    lg.close()
+    got: list[Any] = []
+    result = persistlog.restore(log_dir, got.append)
+    assert got == records and result.records == len(records) and not result.skipped
+
+
 def test_deeply_nested_records_are_read_back(log_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Readers accept any depth cbor2's encoder can write (FORMAT.md, "Records"), as writers
     # did before they refused records deeper than MAX_RECORD_DEPTH: such a writer is this
     # one without its depth check.
-    monkeypatch.setattr(persistlog.Codec, "record_encoder", lambda self, fp: self.encoder(fp).encode)
+    def unchecked(self: persistlog.Codec, fp: Any) -> Callable[[Any], int]:
+        encode = self.encoder(fp).encode
+        return lambda record: (encode(record), fp.tell())[1]
+
+    monkeypatch.setattr(persistlog.Codec, "record_encoder", unchecked)
     lg = persistlog.open(log_dir, lambda emit: None, durability="fsync")
     depths = (199, 200, 201, 1000, 3000)
     for depth in depths:

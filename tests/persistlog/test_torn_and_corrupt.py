@@ -11,14 +11,13 @@ import shutil
 import zlib
 from typing import Any
 
-import cbor2
 import pytest
 from batches import batch_offsets
 from kv_app import App, restore_state
 from log_files import crash, flip_bit, log_seqs, segment_files
 
 import persistlog
-from persistlog import _encoder
+from persistlog import _decoder, _encoder
 from persistlog import _format as F
 
 BIG = "v" * 150  # a last batch long enough to cut at many offsets
@@ -411,16 +410,23 @@ def test_current_of_another_format_is_never_fatal_for_a_writer(log_dir: str) -> 
 
 
 def test_records_that_do_not_decode_are_corruption_not_an_internal_error(log_dir: str) -> None:
-    """A batch whose checksums hold but whose records cannot be decoded (here: a datetime
-    tag around text that is no datetime) raises CorruptLogError naming where, or is skipped
-    and listed."""
+    """A batch whose checksums hold but whose records cannot be decoded (here: text that is
+    not UTF-8, framed again with good CRCs) raises CorruptLogError naming where, or is
+    skipped and listed."""
     lg = persistlog.open(log_dir, lambda emit: None, durability="fsync")
     lg.update({"op": "put", "key": "ok", "value": 1})
-    lg.update({"op": "put", "key": "bad", "value": cbor2.CBORTag(0, "not a datetime")})
+    lg.update({"op": "put", "key": "bad", "value": "ZZZZ"})
     lg.update({"op": "put", "key": "after", "value": 2})
     lg.close()
     seg = segment_files(log_dir)[-1]
     offset = [o for o, _, k in batch_offsets(seg) if k == F.KIND_UPDATE][1]
+    with open(seg, "r+b") as f:
+        f.seek(offset)
+        batch = f.read(F.BATCH_HEADER_SIZE)
+        head = _decoder.parse_batch_header(batch, offset)
+        payload = f.read(head.stored_len).replace(b"dZZZZ", b"d\xff\xfe\xff\xfe")
+        f.seek(offset)
+        f.write(_encoder.record_batch(payload, head.count, [], head.first_lsn, head.commit_us))
     with pytest.raises(persistlog.CorruptLogError) as info:
         restore_state(log_dir)
     assert (info.value.log, info.value.segment, info.value.offset) == (1, os.path.basename(seg), offset)

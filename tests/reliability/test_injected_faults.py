@@ -381,11 +381,16 @@ def test_interrupted_waiter_does_not_strand_the_others(tmp_path: Path) -> None:
         time.sleep(0.05)
         release.set()
 
+    # Python's own handler, as in a terminal (a shell starts background jobs with SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     helper = threading.Thread(target=interrupt)
-    helper.start()
-    with pytest.raises(KeyboardInterrupt):
-        lg.update({"op": "put", "key": "main", "value": 1})
-    helper.join(10)
+    try:
+        helper.start()
+        with pytest.raises(KeyboardInterrupt):
+            lg.update({"op": "put", "key": "main", "value": 1})
+    finally:
+        helper.join(10)
+        signal.signal(signal.SIGINT, previous)
     leader.join(10)
     for t in followers:
         t.join(10)
