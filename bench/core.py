@@ -1,4 +1,4 @@
-"""Issue #2: the local write path, group commit, restore, rotation and bytes on disk.
+"""The local write path, group commit, restore, rotation and bytes on disk.
 
 Run as a script only as the child of :func:`restore_memory` (``--rss-child URL``), which
 restores a big log in a fresh process so that its peak RSS is the restore's alone.

@@ -1,4 +1,4 @@
-"""Issue #4: how far a follower trails its writer, and how fast it catches up.
+"""How far a follower trails its writer, and how fast it catches up.
 
 Lag is measured across processes: a writer child (this module run as a script) calls
 ``update(sync=True)`` at a steady pace and notes, on the machine-wide monotonic clock, when

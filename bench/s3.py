@@ -1,4 +1,4 @@
-"""Issue #3: S3 through a moto server: a secondary's cost, group commit of PUTs, requests.
+"""S3 through a moto server: a secondary's cost, group commit of PUTs, requests.
 
 The moto server runs in a child process by default (``--moto-in-process`` puts it on a
 thread of the bench process, where it competes with persistlog for the GIL as no real S3

@@ -1,4 +1,4 @@
-"""The log's behaviour on every destination driver (issue #3).
+"""The log's behaviour on every destination driver.
 
 One suite, parametrised over a local directory, ``memory://`` and ``s3://`` on a real moto
 server: write, rotate, retain, restore equals the model, two-writer conflict, close/reopen

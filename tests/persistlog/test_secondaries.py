@@ -1,4 +1,4 @@
-"""Secondary destinations (issue #3): every record goes to every destination, each through
+"""Secondary destinations: every record goes to every destination, each through
 its own writer thread and bounded queue; a failing secondary is detached (logged, shown in
 ``stats()``), the primary carries on, and the next rotation re-attaches it; a slow one
 blocks ``update()`` only once its queue is full and never loses a record."""
