@@ -929,32 +929,7 @@ depth_shallow(PyObject *x, int budget)
 static Py_ssize_t
 depth_of(PyObject *value, Py_ssize_t limit)
 {
-    int budget = limit < DEPTH_SHALLOW ? (int)limit + 1 : DEPTH_SHALLOW;
-    Py_ssize_t shallow = -2;
-    if (PyDict_CheckExact(value) && budget > 0) {
-        /* depth_shallow()'s dict case, inline for the usual record: a dict. */
-        Py_ssize_t pos = 0, d;
-        PyObject *k, *v;
-        shallow = 0;
-        while (PyDict_Next(value, &pos, &k, &v)) {
-            if (!depth_is_scalar(k)) {
-                shallow = -2;
-                break;
-            }
-            if (depth_is_scalar(v))
-                continue;
-            if ((d = depth_shallow(v, budget - 1)) < 0) {
-                shallow = -2;
-                break;
-            }
-            if (d > shallow)
-                shallow = d;
-        }
-        if (shallow >= 0)
-            shallow++;
-    } else {
-        shallow = depth_shallow(value, budget);
-    }
+    Py_ssize_t shallow = depth_shallow(value, limit < DEPTH_SHALLOW ? (int)limit + 1 : DEPTH_SHALLOW);
     if (shallow >= 0)
         return shallow > limit ? limit + 1 : shallow;
     DepthLevel small[32];
