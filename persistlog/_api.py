@@ -19,7 +19,7 @@ from . import _format as F
 from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._log import Log, LogSettings, destination_at, release_writer_lock
-from ._reader import end_of_logs, list_logs, log_header, newest_seal, read_pointer
+from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._rotation import EnumerateAll
 
@@ -206,10 +206,11 @@ def open(
         try:
             logs = list_logs(dest)
             pointer = read_pointer(dest)
-            last_seq, next_lsn = end_of_logs(dest, logs)
+            seal = newest_seal(dest, logs)
+            last_seq, next_lsn = end_after_seal(dest, logs, seal)
             after_snapshot = (
                 not discard_existing and not secondaries
-                and _fresh_snapshot(dest, logs, pointer, restored, metadata)
+                and _fresh_snapshot(dest, logs, pointer, seal, restored, metadata)
             )
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
@@ -258,18 +259,17 @@ def open(
 
 def _fresh_snapshot(
     dest: Destination, logs: dict[int, list[tuple[int, str]]], pointer: int | None,
-    restored: RestoreResult | None, metadata: Any,
+    seal: dict[str, Any] | None, restored: RestoreResult | None, metadata: Any,
 ) -> bool:
-    """Whether the newest log, just replayed by open() itself, is a complete log holding its
-    snapshot and nothing after it (as ``close(rotate=True)`` leaves it), with the metadata
-    the app opens with: then it can stay the restore point, and an opening enumeration
-    would write the same state again."""
+    """Whether the newest log (sealed with ``seal``, if it is), just replayed by open()
+    itself, is a complete log holding its snapshot and nothing after it (as
+    ``close(rotate=True)`` leaves it), with the metadata the app opens with: then it can
+    stay the restore point, and an opening enumeration would write the same state again."""
     if restored is None or not restored.complete or restored.skipped or not logs:
         return False
     seq = max(logs)
     if restored.logs != [seq] or pointer != seq:
         return False
-    seal = newest_seal(dest, logs)
     if seal is None or seal.get(F.SEAL_COMPLETE_LSN) != seal["next_lsn"]:
         return False
     header = log_header(dest, logs[seq])

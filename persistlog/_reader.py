@@ -557,11 +557,17 @@ def newest_seal(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> di
 def end_of_logs(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int]:
     """``(newest seq, next LSN)`` of what is at the destination, reading as little as it can:
     the seal of a cleanly closed log, else a scan of the newest log's last segment."""
+    return end_after_seal(dest, logs, newest_seal(dest, logs))
+
+
+def end_after_seal(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: dict[str, Any] | None
+) -> tuple[int, int]:
+    """:func:`end_of_logs`, given what :func:`newest_seal` read (None: scan instead)."""
     if not logs:
         return 0, F.FIRST_LSN
     seq = max(logs)
     number, _name = logs[seq][-1]
-    seal = newest_seal(dest, logs)
     if seal is not None:
         return seq, int(seal["next_lsn"])
     scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))
