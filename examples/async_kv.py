@@ -150,7 +150,8 @@ async def main(argv: list[str] | None = None) -> int:
     await persistlog.restore_async(args.url, kv.replay)
     print(f"restored {len(kv.data)} keys from {args.url}", flush=True)
     kv.log = await persistlog.open_async(
-        args.url, kv.enumerate_all, durability=args.durability, rotate_records=args.rotate_records
+        args.url, kv.enumerate_all, durability=args.durability, rotate_records=args.rotate_records,
+        concurrent_enumeration=True,  # the stripe locks keep the concurrency contract
     )
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

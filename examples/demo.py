@@ -116,7 +116,9 @@ def service(url: str, updates: int, keys: int, sync_every: int, hold: bool) -> i
                 if key in state.data:
                     emit({"op": "put", "key": key, "value": state.data[key]})
 
-    log = persistlog.open(url, enumerate_all, rotate_bytes=4 << 20, segment_bytes=1 << 20, retain=2)
+    # The lock keeps the concurrency contract, so enumerations run beside the updates.
+    log = persistlog.open(url, enumerate_all, rotate_bytes=4 << 20, segment_bytes=1 << 20, retain=2,
+                          concurrent_enumeration=True)
     out = sys.stdout
     print(f"ready {state.last}", file=out, flush=True)
     first = state.last + 1

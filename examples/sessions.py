@@ -141,7 +141,8 @@ class Broker:
 
     def start(self, url: str, **options: Any) -> persistlog.RestoreResult:
         result = persistlog.restore(url, self.replay, codec=codec)
-        self.log = persistlog.open(url, self.enumerate_all, codec=codec, **options)
+        # The lock keeps the concurrency contract, so enumerations run beside the updates.
+        self.log = persistlog.open(url, self.enumerate_all, codec=codec, concurrent_enumeration=True, **options)
         return result
 
     def stop(self) -> None:

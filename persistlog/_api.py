@@ -117,6 +117,7 @@ def open(
     replay_batch: Callable[[list[Any]], Any] | None = None,
     recovery: str = "strict",
     discard_existing: bool = False,
+    concurrent_enumeration: bool = False,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -156,6 +157,19 @@ def open(
     through their own writer threads; ``storage_options`` apply to the primary.
     ``lease_ttl`` is how long an object-store writer lease lasts without renewal (a
     crashed writer's destination can be taken over after it).
+
+    When a rotation's enumeration runs: by default a fired trigger starts the rotation at
+    the app's next call into the Log (``update()``, ``update_many()``; ``rotate()`` and
+    ``close(rotate=True)`` start one at once), and updates from every thread wait until
+    ``enumerate_all`` has returned. So ``enumerate_all`` reads a state to which every
+    acknowledged update was applied: the *log, then apply* pattern is safe with no locking
+    at all, from one thread (or callers serialised by one lock that ``enumerate_all`` does
+    not take). An app that keeps per-resource locks, held across ``update()`` and its
+    apply and taken by ``enumerate_all`` around each ``emit`` (the concurrency contract),
+    passes ``concurrent_enumeration=True``: a trigger then starts the rotation at once on
+    the rotation thread and updates keep flowing beside the enumeration. (Without it such
+    an app would wait for an enumeration that waits for the app's lock: after 10 s of
+    that, the held call raises :class:`EnumerationStalled`, having logged nothing.)
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -174,6 +188,8 @@ def open(
         raise ValueError(f"recovery must be 'strict' or 'skip', not {recovery!r}")
     if not isinstance(discard_existing, bool):
         raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
+    if not isinstance(concurrent_enumeration, bool):
+        raise TypeError(f"concurrent_enumeration must be True or False, not {concurrent_enumeration!r}")
     settings = LogSettings(
         durability=durability,
         batch_bytes=batch_bytes,
@@ -252,6 +268,7 @@ def open(
         rotate_on_signal=rotate_on_signal,
         restored=restored,
         after_snapshot=after_snapshot,
+        concurrent_enumeration=concurrent_enumeration,
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg

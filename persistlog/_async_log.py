@@ -26,7 +26,7 @@ from ._api import open, restore
 from ._log import Log
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
-from ._rotation import EnumerateAll
+from ._rotation import EnumerateAll, Hold
 
 if TYPE_CHECKING:
     # Imported where it is used at run time: ``import persistlog`` (the CLI, a restore-only
@@ -77,6 +77,8 @@ class AsyncLog:
         """
         _check_sync(sync)
         lg = self._log
+        if lg._rotator.gated:
+            await self._pass_gate()
         staged = lg._stage(record, False)
         if isinstance(staged, bytes):
             # Too big for the buffer as it stands: the slow path may write a batch first.
@@ -100,6 +102,8 @@ class AsyncLog:
         items, body = lg._encode_many(records)
         if not items:
             return None
+        if lg._rotator.gated:
+            await self._pass_gate()
         staged = lg._stage_many(len(items), body)
         if staged is None:
             # Does not fit beside what is buffered: what is buffered is written first.
@@ -137,12 +141,55 @@ class AsyncLog:
         """
         lg = self._log
         lg._check()
-        fut = lg._rotator.request(coalesce=False)
+        rotator = lg._rotator
+        if rotator.concurrent:
+            fut = rotator.request(coalesce=False)
+        else:
+            hold = rotator.hold_updates()
+            try:
+                await self._quiet(hold)
+            except BaseException:
+                rotator.give_up(hold)
+                raise
+            fut = rotator.request(coalesce=False, hold=hold)
         if not wait:
             return None
         import asyncio
 
         return await asyncio.wait_for(self._shielded(fut), timeout)
+
+    async def _pass_gate(self) -> None:
+        """The quiet point of a task's call: start a due rotation (once every task that was
+        told its record is logged has run on, applying it), or wait for the one holding
+        updates. See :meth:`Rotator.pass_gate`, the same step for threads."""
+        import asyncio
+
+        rotator = self._log._rotator
+        while rotator.gated:
+            hold, mine = rotator.claim_quiet_point()
+            if hold is None:
+                return
+            if mine:
+                try:
+                    await self._quiet(hold)
+                except BaseException:
+                    rotator.give_up(hold)
+                    raise
+                rotator.request(coalesce=False, hold=hold)
+            await asyncio.shield(asyncio.wrap_future(hold.released, loop=self._loop))
+
+    async def _quiet(self, hold: Hold) -> None:
+        """Wait, with ``hold`` holding new updates, until every record appended so far
+        was acknowledged to its task and those tasks ran on (a task applies its change
+        right after its ``await update()``): then the state has every logged change."""
+        import asyncio
+
+        lg = self._log
+        # Durable: a task that asked for sync=True is told only then.
+        await self._written(lg.next_lsn - 1, True)
+        # The acknowledgements just sent woke their tasks: one more pass of the loop runs
+        # them before this one.
+        await asyncio.sleep(0)
 
     async def add_destination(
         self, url: str, *, storage_options: dict[str, Any] | None = None, timeout: float | None = None

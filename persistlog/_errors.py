@@ -9,6 +9,7 @@
     ├── LogFailedError         the Log hit a write failure earlier and refuses further writes
     ├── LogClosedError         the Log was closed (also a RuntimeError)
     ├── EnumerateError         the app's enumerate_all raised during a rotation
+    ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
     ├── ResetRequired          a follower's cursor points at data retention already deleted
@@ -81,6 +82,16 @@ class EnumerateError(PersistLogError):
     """``enumerate_all`` raised during a rotation; the app's exception is ``__cause__``.
 
     The new log stays incomplete and writing continues in it; the next trigger retries.
+    """
+
+
+class EnumerationStalled(PersistLogError):
+    """An update waited for a rotation's ``enumerate_all`` (which runs with updates held,
+    the default) and the enumeration emitted nothing for 10 seconds.
+
+    Nothing of the call was logged. The usual cause is an ``enumerate_all`` that waits for
+    a lock the held caller holds: an app that keeps per-resource locks across ``update()``
+    and ``emit`` opens its log with ``concurrent_enumeration=True``.
     """
 
 

@@ -50,7 +50,7 @@ from ._codec import Codec, check_depth, encode_error
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
 from ._restore import RestoreResult
-from ._rotation import NEVER, EnumerateAll, Rotator
+from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._secondaries import Secondary
 from ._segment_writer import ObjectSegments, SegmentWriter, now_us, seal_batch, segment_writer
 
@@ -174,6 +174,7 @@ class Log:
         rotate_on_signal: int | None,
         restored: RestoreResult | None,
         after_snapshot: bool = False,
+        concurrent_enumeration: bool = False,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
@@ -272,6 +273,7 @@ class Log:
                 on_error=on_error,
                 known_complete=complete_logs,
                 on_complete=self._on_complete,
+                concurrent=concurrent_enumeration,
             )
             for entry in secondaries:
                 if isinstance(entry, tuple) and len(entry) == 2:
@@ -313,6 +315,8 @@ class Log:
         # One identity test for the usual sync=False (a truthy "yes" must not pass).
         if sync is not False and sync is not True:
             raise _not_bool(sync)
+        if self._rotator.gated:
+            self._rotator.pass_gate()  # a rotation starts here, or holds this call
         # _buffer(record, False), inlined: the extra call costs update() about a sixth of
         # its speed (bench: update() against the naive loop), and this is the hot path.
         with self._lock:
@@ -356,6 +360,8 @@ class Log:
         items, body = self._encode_many(records)
         if not items:
             return None
+        if self._rotator.gated:
+            self._rotator.pass_gate()
         staged = self._stage_many(len(items), body)
         if staged is None:
             # Too big for the buffer as it stands: check each record's size, and write what
@@ -386,7 +392,7 @@ class Log:
         """
         self._rotator.refuse_from_rotation_thread("rotate()")
         self._check()
-        fut = self._rotator.request(coalesce=False)
+        fut = self._rotator.request(coalesce=False, hold=None if self._rotator.concurrent else Hold())
         if not wait:
             return None
         return self._rotator.wait(fut, timeout)
@@ -468,8 +474,10 @@ class Log:
     def stats(self) -> dict[str, Any]:
         """Counts, bytes, logs, the last rotation, the last error, destination health.
 
-        ``rotating`` is True while a new log is started and enumerated, ``retaining`` while
-        old logs are deleted after it.
+        ``rotation_due`` is True while a fired trigger's rotation waits for the app's next
+        ``update()`` (the default; see ``concurrent_enumeration`` in :func:`persistlog.open`),
+        ``rotating`` while a new log is started and enumerated, ``retaining`` while old logs
+        are deleted after it.
         """
         r = self._rotator
         sw = self._sw
@@ -485,6 +493,7 @@ class Log:
             ),
             "rotations": r.rotations,
             "rotation_failures": r.failures,
+            "rotation_due": r.due,
             "rotating": r.rotating and not r.retaining,
             "retaining": r.retaining,
             "last_rotation": r.last_rotation,
@@ -929,7 +938,7 @@ class Log:
         # A secondary taken back mid-log gets the next log whole: start one now rather
         # than at a size trigger that may be hours away.
         if not self._closed and self._failed is None:
-            self._rotator.request()
+            self._rotator.trigger()
 
     # -- the writer lease ---------------------------------------------------------------
 
@@ -1100,7 +1109,7 @@ def _tick(
                 last_renew = time.monotonic()
             if lg._signalled:
                 lg._signalled = False
-                lg._rotator.request()
+                lg._rotator.trigger()
             lg._rotator.check_interval()
         except PersistLogError as e:
             log.debug("background flush stopped: %s", e)

@@ -11,6 +11,13 @@ The protocol (docs/DESIGN.md, "Rotation"), run on the rotation thread:
 If ``enumerate_all`` raises, N+1 stays incomplete and writing continues in it; the error is
 logged, counted, handed to ``on_error`` and raised from ``rotate(wait=True)``. The next
 trigger retries with N+2.
+
+When a rotation runs (docs/DESIGN.md, "Rotation"): by default a fired trigger only makes a
+rotation *due*; it starts at a quiet point, the app's next call into the Log, and updates
+are held (:class:`Hold`) until ``enumerate_all`` returns, so the enumeration reads a state
+that every acknowledged update was applied to, whatever locking the app does. With
+``concurrent_enumeration=True`` a trigger starts the rotation at once and updates keep
+flowing beside the enumeration: the app's own per-resource locks keep the two apart.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from . import _format as F
-from ._errors import EnumerateError, LogClosedError, LogFailedError, PersistLogError
+from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._segment_writer import move_pointer
 
@@ -37,6 +44,54 @@ EnumerateAll = Callable[[Callable[[Any], None]], Any]
 
 # A cut LSN no record reaches: the record-count cut is off.
 NEVER = 1 << 62
+
+# Seconds a held update waits for an enumeration that makes no progress (emits nothing and
+# does not return) before it gives up with EnumerationStalled: long enough for any real
+# pause of an enumeration, short enough to name the usual cause, a lock that enumerate_all
+# waits for and the held caller holds.
+ENUMERATION_STALL = 10.0
+
+
+class Hold:
+    """Updates held while a rotation started at a quiet point enumerates.
+
+    Released once (by the rotation thread when ``enumerate_all`` returns or raises, or when
+    the rotation ends without enumerating). Threads wait on a plain lock (see the note on
+    ``Rotator._mutex``); asyncio tasks await ``released``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.released: Future[None] = Future()
+
+    def release(self) -> None:
+        """Let the held updates go (idempotent)."""
+        try:
+            self._lock.release()
+        except RuntimeError:
+            return  # released already
+        self.released.set_result(None)
+
+    def wait(self, progress: Callable[[], int]) -> None:
+        """Return once released; raise :class:`EnumerationStalled` if ``progress()`` (the
+        log's next LSN, which only emits move while updates are held) stands still for
+        ``ENUMERATION_STALL`` seconds first."""
+        stall = ENUMERATION_STALL
+        last = progress()
+        since = time.monotonic()
+        while not self._lock.acquire(timeout=min(1.0, stall)):
+            now = progress()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= stall:
+                raise EnumerationStalled(
+                    f"this call waited {stall:.0f}s for enumerate_all, which emitted nothing "
+                    "meanwhile: if it waits for a lock that this call's caller holds, open the log "
+                    "with concurrent_enumeration=True (the concurrency contract: per-resource "
+                    "locks held while logging and while emitting); nothing of this call was logged"
+                )
+        self._lock.release()
 
 
 class Rotator:
@@ -54,8 +109,18 @@ class Rotator:
         on_error: Callable[[BaseException], None] | None,
         known_complete: list[int],
         on_complete: Callable[[int, int], None] | None = None,
+        concurrent: bool = False,
     ) -> None:
         self.lg = lg
+        #: Whether enumerations run beside updates (``concurrent_enumeration=True``), or
+        #: at a quiet point with updates held (the default).
+        self.concurrent = concurrent
+        #: True while updates must pass :meth:`pass_gate` first: a rotation is due (a
+        #: trigger fired) or holds them. Read by the fronts on every update, unlocked.
+        self.gated = False
+        self._due = False
+        self._hold: Hold | None = None
+        self._holds: dict[Future[int], Hold] = {}
         self.enumerate_all = enumerate_all
         self.rotate_bytes = rotate_bytes
         self.rotate_records = rotate_records
@@ -94,12 +159,34 @@ class Rotator:
 
     # -- requests -----------------------------------------------------------------------
 
-    def request(self, coalesce: bool = True) -> Future[int]:
-        """Ask for a rotation; a trigger joins a request not yet started."""
+    @property
+    def due(self) -> bool:
+        """Whether a fired trigger's rotation waits for the app's next call."""
+        return self._due
+
+    def trigger(self) -> None:
+        """A trigger fired (size, count, interval, signal, a secondary taken back): rotate
+        now beside the updates (``concurrent``), or at the next quiet point."""
+        if self.concurrent:
+            self.request()
+            return
+        with self._mutex:
+            if not self._stop:
+                self._due = True
+                self.gated = True
+
+    def request(self, coalesce: bool = True, hold: Hold | None = None) -> Future[int]:
+        """Ask for a rotation; a trigger joins a request not yet started. With ``hold``,
+        updates are held from now until its enumeration returns."""
         with self._mutex:
             if self._stop:
                 fut: Future[int] = Future()
                 fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
+                if hold is not None:
+                    if self._hold is hold:
+                        self._hold = None
+                        self.gated = False
+                    hold.release()
                 return fut
             # Join a request not yet started; never one already running (its enumeration
             # may have passed the change that fired this trigger) or finished.
@@ -110,9 +197,78 @@ class Rotator:
             done = threading.Lock()
             done.acquire()
             self._done[fut] = done
+            if hold is not None:
+                self._holds[fut] = hold
+                self._hold = hold
+                self._due = False
+                self.gated = True
             self._queue.append(fut)
             self._cv.notify()
             return fut
+
+    # -- the quiet point ----------------------------------------------------------------
+
+    def claim_quiet_point(self) -> tuple[Hold | None, bool]:
+        """At an app's call while ``gated``: the hold to wait for, and whether this caller
+        must start the rotation (it was due and nobody holds the updates yet). A claimed
+        hold holds updates at once; pass it to :meth:`request` (or :meth:`give_up`)."""
+        with self._mutex:
+            if self._hold is not None:
+                return self._hold, False
+            if self._due and not self._stop and threading.current_thread() is not self._thread:
+                self._due = False
+                self._hold = Hold()
+                return self._hold, True
+            self._due = False
+            self.gated = False
+            return None, False
+
+    def hold_updates(self) -> Hold:
+        """Hold updates from now on, for a rotation requested later with this hold (an
+        asyncio ``rotate()`` first lets the tasks told of their records run on)."""
+        with self._mutex:
+            hold = self._hold = Hold()
+            self.gated = True
+            return hold
+
+    def give_up(self, hold: Hold) -> None:
+        """A claimed hold whose rotation was not requested (its caller was interrupted):
+        the rotation is due again and the updates go on."""
+        with self._mutex:
+            if self._hold is hold:
+                self._hold = None
+                self._due = not self._stop
+                self.gated = self._due
+        hold.release()
+
+    def pass_gate(self) -> None:
+        """The quiet point of a thread's call (``update()``, ``update_many()``): start a due
+        rotation, or wait for one that holds updates. Raises :class:`EnumerationStalled`
+        if the enumeration stands still (nothing of the call is logged then)."""
+        if threading.current_thread() is self._thread:
+            return  # an update() from inside enumerate_all goes on beside its emits
+        while self.gated:
+            hold, mine = self.claim_quiet_point()
+            if hold is None:
+                return
+            if mine:
+                try:
+                    self.request(coalesce=False, hold=hold)
+                except BaseException:
+                    self.give_up(hold)
+                    raise
+            hold.wait(lambda: self.lg.next_lsn)
+
+    def _let_go_of(self, fut: Future[int]) -> None:
+        """Release the updates ``fut``'s rotation holds, if any."""
+        with self._mutex:
+            hold = self._holds.pop(fut, None)
+            if hold is None:
+                return
+            if self._hold is hold:
+                self._hold = None
+                self.gated = self._due
+        hold.release()
 
     def wait(self, fut: Future[int], timeout: float | None = None) -> int:
         """``fut.result(timeout)``, waiting on a plain lock: an interruption there leaves
@@ -158,7 +314,7 @@ class Rotator:
         records_due = self.rotate_records is not None and lg._log_update_records >= self.rotate_records
         # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
         # head of the queue is done once it is retaining; the others have not started.
-        if len(self._queue) > 1 or (self._queue and not self.retaining):
+        if self._due or len(self._queue) > 1 or (self._queue and not self.retaining):
             # Whole batches while a rotation is due or enumerating; this runs again after
             # it. (One only deleting old logs has a complete log already: queue the next.)
             lg._batch_bytes = lg.settings.batch_bytes
@@ -168,6 +324,9 @@ class Rotator:
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
             self._arm_records(True)
             lg._batch_bytes = lg.settings.batch_bytes
+            if not self.concurrent:
+                self.trigger()  # the app's next call starts it, with updates held
+                return
             # Set before the request: the rotation thread may switch before it returns.
             switching = threading.Lock()
             switching.acquire()
@@ -200,10 +359,10 @@ class Rotator:
                 pass  # two threads swapped it out at once: the other released it
 
     def check_interval(self) -> None:
-        if self.rotate_interval is None or self.rotating or self._queue:
+        if self.rotate_interval is None or self.rotating or self._queue or self._due:
             return
         if time.monotonic() - self._started_at >= self.rotate_interval:
-            self.request()
+            self.trigger()
 
     def refuse_from_rotation_thread(self, call: str) -> None:
         """Raise ``RuntimeError`` if called from inside ``enumerate_all`` (or ``on_error``).
@@ -230,7 +389,7 @@ class Rotator:
         try:
             if fut.set_running_or_notify_cancel():
                 try:
-                    seq = self._rotate()
+                    seq = self._rotate(fut)
                 except BaseException as e:
                     fut.set_exception(e)
                 else:
@@ -242,6 +401,7 @@ class Rotator:
                         self.retaining = False
                     done = True
         finally:
+            self._let_go_of(fut)
             with self._cv:
                 self._queue.pop(0)
                 self.rotating = False
@@ -253,7 +413,7 @@ class Rotator:
             self.check_triggers()
         return True
 
-    def _rotate(self) -> int:
+    def _rotate(self, fut: Future[int]) -> int:
         lg = self.lg
         started = time.monotonic()
         self._started_at = started
@@ -283,6 +443,7 @@ class Rotator:
             self.enumerate_all(emit)
         except BaseException as e:
             active = False
+            self._let_go_of(fut)
             self.failures += 1
             self.last_error = e
             if isinstance(e, LogFailedError) or lg.failed is not None:
@@ -295,6 +456,7 @@ class Rotator:
                     log.exception("on_error callback raised")
             raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
         active = False
+        self._let_go_of(fut)  # held updates go on: the snapshot has read the state
         with lg._io_lock:
             lg._check()
             lg._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
@@ -337,12 +499,16 @@ class Rotator:
             # for); the ones never started fail as the Log does from now on, not with a bare
             # CancelledError in a rotate(wait=True) caller.
             start = 1 if self.rotating else 0
-            for fut in self._queue[start:]:
+            dropped = self._queue[start:]
+            for fut in dropped:
                 if not fut.done():
                     fut.set_exception(LogClosedError("the log was closed before this rotation started"))
                 self._finished(fut)
             del self._queue[start:]
+            self._due = False
             self._cv.notify_all()
+        for fut in dropped:
+            self._let_go_of(fut)
         self._switched()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)

@@ -77,6 +77,13 @@ class ResourceStore(MutableMapping[Any, Any]):
         ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
         """
         store = cls()
+        if "concurrent_enumeration" in options:
+            raise TypeError(
+                "ResourceStore.open() takes no concurrent_enumeration: the store holds its lock "
+                "across each update and each emit, so its enumerations always run beside updates"
+            )
+        # The concurrency contract, kept by the store's lock: enumerations run beside updates.
+        options["concurrent_enumeration"] = True
         store._log = open(url, store._enumerate, replay_batch=store._apply_batch, **options)
         store.restored = store._log.restored
         return store

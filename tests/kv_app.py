@@ -71,6 +71,8 @@ class App:
         )
         if result.found:
             self.data = restored
+        # Its locks keep the concurrency contract: enumerations run beside the updates.
+        options.setdefault("concurrent_enumeration", True)
         self.log = persistlog.open(url, self.enumerate_all, **options)
         return self.log
 

@@ -60,7 +60,7 @@ def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_
            label="secondary")
     app = App()
     url, so = sim.local(primary)
-    app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
+    app.log = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, storage_options=so, secondaries=[sec],
                               durability="fsync", lease_ttl=lease_ttl, flush_interval=0.01)
     steps(app, 1, 20)
     wait_until(lambda: restore_state(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
@@ -87,7 +87,7 @@ def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, 
     sec = sim.local(sec_url, label="secondary") if kind == "local" else sim.remote(sec_url, label="secondary")
     with quiet_crash_threads():
         try:
-            app.log = persistlog.open(url, app.enumerate_all, storage_options=so, secondaries=[sec],
+            app.log = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, storage_options=so, secondaries=[sec],
                                       durability="fsync", lease_ttl=0.4)
             wait_until(lambda: sim.frozen, 10, "the crash on the secondary")
         except BaseException:  # noqa: BLE001 - the simulated crash, however it surfaces
@@ -101,7 +101,7 @@ def write_the_secondary_whole_again(primary: str, sec_url: str, first: int, coun
     attached, then closes: the secondary holds a complete log after its gap again."""
     state, _ = restore_state(primary)
     app = App(state)
-    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec_url])
+    app.log = persistlog.open(primary, app.enumerate_all, concurrent_enumeration=True, secondaries=[sec_url])
     steps(app, first, count)
     app.log.close()
     return app

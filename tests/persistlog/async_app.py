@@ -28,6 +28,7 @@ class AsyncApp(KV):
         self.on_emit: Callable[[], None] = lambda: None  # e.g. a pause, to widen the window
 
     async def open(self, url: str, **options: Any) -> persistlog.AsyncLog:
+        options.setdefault("concurrent_enumeration", True)  # the stripe locks keep the contract
         self.log = await persistlog.open_async(url, self.enumerate_all, **options)
         return self.log
 

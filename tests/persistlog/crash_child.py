@@ -68,7 +68,8 @@ def main() -> None:
     def open_log() -> persistlog.Log:
         # Every open restores first (the state is what the log holds), then starts a log.
         data.clear()
-        lg = persistlog.open(url, enumerate_all, replay=apply, **options)
+        # Per-key locks around each change and each emit: the concurrency contract.
+        lg = persistlog.open(url, enumerate_all, replay=apply, concurrent_enumeration=True, **options)
         out(f"O {lg.seq} {lg.next_lsn}")
         return lg
 

@@ -72,7 +72,7 @@ async def main() -> None:
     options = log_options(rng)
 
     async def open_log() -> persistlog.AsyncLog:
-        alog = await persistlog.open_async(url, enumerate_all, **options)
+        alog = await persistlog.open_async(url, enumerate_all, concurrent_enumeration=True, **options)
         out(f"O {alog.seq} {alog.next_lsn}")
         return alog
 

@@ -60,7 +60,7 @@ def seal_of_newest(url: str) -> dict[str, Any] | None:
 def written_with_rotating_close(url: str, n: int = 30, **options: Any) -> dict[int, Any]:
     """A log of ``n`` updates over 10 keys, closed with ``close(rotate=True)``."""
     app = Counted()
-    lg = persistlog.open(url, app.enumerate_all, **options)
+    lg = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, **options)
     for i in range(n):
         app.put(lg, i % 10, i)
     lg.close(rotate=True)
@@ -70,7 +70,7 @@ def written_with_rotating_close(url: str, n: int = 30, **options: Any) -> dict[i
 def test_open_after_close_rotate_starts_without_enumerating(log_dir: str) -> None:
     expected = written_with_rotating_close(log_dir)
     app = Counted()
-    lg = persistlog.open(log_dir, app.enumerate_all, replay=app.apply)
+    lg = persistlog.open(log_dir, app.enumerate_all, concurrent_enumeration=True, replay=app.apply)
     assert app.enumerations == 0
     assert app.state == expected
     assert lg.restored is not None and lg.restored.logs == [2] and lg.restored.records == 10
@@ -101,7 +101,7 @@ def test_a_store_reopened_after_close_rotate_replays_the_snapshot_once(tmp_path:
 
 def test_the_seal_says_where_the_snapshot_ended(log_dir: str) -> None:
     app = Counted()
-    lg = persistlog.open(log_dir, app.enumerate_all)
+    lg = persistlog.open(log_dir, app.enumerate_all, concurrent_enumeration=True)
     for i in range(5):
         app.put(lg, i, i)
     lg.rotate()
@@ -140,7 +140,7 @@ def test_restore_then_open_enumerates_what_the_app_holds_now(log_dir: str) -> No
     persistlog.restore(log_dir, app.apply)
     # A migration in memory between restore() and open() is kept by open's enumeration.
     app.state = {k: {"migrated": v} for k, v in app.state.items()}
-    lg = persistlog.open(log_dir, app.enumerate_all)
+    lg = persistlog.open(log_dir, app.enumerate_all, concurrent_enumeration=True)
     assert app.enumerations == 1
     lg.close()
     assert restored_state(log_dir) == app.state
@@ -153,7 +153,7 @@ def test_open_enumerates_when_the_newest_log_cannot_serve(tmp_path: Any, why: st
     options: dict[str, Any] = {"metadata": {"schema": 1}}
     if why == "updates after the snapshot":
         app = Counted()
-        lg = persistlog.open(url, app.enumerate_all, replay=app.apply, **options)
+        lg = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, replay=app.apply, **options)
         app.put(lg, 5, "late")
         lg.close()
         expected = app.state
@@ -164,7 +164,7 @@ def test_open_enumerates_when_the_newest_log_cannot_serve(tmp_path: Any, why: st
     else:
         options["discard_existing"] = True
     app = Counted()
-    lg = persistlog.open(url, app.enumerate_all, replay=app.apply, **options)
+    lg = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, replay=app.apply, **options)
     assert app.enumerations == 1 and app.state == expected
     lg.close()
     assert restored_state(url) == expected
@@ -181,7 +181,7 @@ def test_a_secondary_seals_with_complete_lsn_too(tmp_path: Any) -> None:
 def test_retention_keeps_the_snapshot_the_next_log_needs(log_dir: str) -> None:
     written_with_rotating_close(log_dir, retain=1)
     app = Counted()
-    lg = persistlog.open(log_dir, app.enumerate_all, replay=app.apply, retain=1)
+    lg = persistlog.open(log_dir, app.enumerate_all, concurrent_enumeration=True, replay=app.apply, retain=1)
     for i in range(20):
         app.put(lg, i, -i)
     lg.sync()

@@ -87,7 +87,7 @@ def test_restarted_writer_opens_at_once_and_takes_the_secondary_when_the_lease_e
     state, _ = restore_state(str(tmp_path / "primary"))
     app = App(state)
     started = time.monotonic()
-    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[sec_url],
+    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, concurrent_enumeration=True, secondaries=[sec_url],
                               durability="fsync", lease_ttl=ttl)
     try:
         opened_in = time.monotonic() - started
@@ -206,7 +206,7 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     pytest.importorskip("s3fs")
     app = App()
     started = time.monotonic()
-    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[("s3://nowhere/log", so)])
+    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, concurrent_enumeration=True, secondaries=[("s3://nowhere/log", so)])
     try:
         from persistlog import _secondaries
 
@@ -301,7 +301,7 @@ def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
 
     app = App()
     url, popts = through_sim(primary, "primary")
-    app.log = persistlog.open(url, app.enumerate_all, storage_options=popts, durability="fsync", lease_ttl=1.0,
+    app.log = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, storage_options=popts, durability="fsync", lease_ttl=1.0,
                               secondaries=[through_sim(secondary, "secondary")], flush_interval=0.02)
     steps(app, 1, 15)
     wait_until(lambda: restore_state(secondary, storage_options=options[secondary])[0].get("last") == 15, 15,
@@ -320,7 +320,7 @@ def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
     deadline = time.monotonic() + 10
     while True:  # an S3 primary is the dead writer's until its lease ends
         try:
-            app.log = persistlog.open(primary, app.enumerate_all, storage_options=options[primary],
+            app.log = persistlog.open(primary, app.enumerate_all, concurrent_enumeration=True, storage_options=options[primary],
                                       secondaries=[(secondary, options[secondary] or {})], lease_ttl=1.0)
             break
         except persistlog.WriterConflict:

@@ -446,7 +446,7 @@ def test_a_gap_declared_on_a_secondary_is_waited_on_then_failed_or_restored_past
 def test_a_stream_of_a_secondary_that_missed_whole_logs_fails_or_restores_past_them(tmp_path: Path, on_gap: str) -> None:
     primary, sec = str(tmp_path / "primary"), str(tmp_path / "secondary")
     app = App()
-    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec])
+    app.log = persistlog.open(primary, app.enumerate_all, concurrent_enumeration=True, secondaries=[sec])
     steps(app, 1, 5)
     app.log.close()
     reader = stream_reader(sec, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
@@ -455,13 +455,13 @@ def test_a_stream_of_a_secondary_that_missed_whole_logs_fails_or_restores_past_t
 
     # Two rotations while the secondary is not there: its next log skips their numbers.
     app = App(restore_state(primary)[0])
-    app.log = persistlog.open(primary, app.enumerate_all)
+    app.log = persistlog.open(primary, app.enumerate_all, concurrent_enumeration=True)
     steps(app, 6, 5)
     app.log.rotate()
     app.log.rotate()
     app.log.close()
     app = App(restore_state(primary)[0])
-    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[sec])
+    app.log = persistlog.open(primary, app.enumerate_all, concurrent_enumeration=True, secondaries=[sec])
     steps(app, 11, 5)
     app.log.close()
     restored, res = restore_state(sec)

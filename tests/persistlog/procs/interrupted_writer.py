@@ -36,6 +36,7 @@ def main() -> None:
     lg = persistlog.open(
         url, enumerate_all, replay=lambda r: None, durability=durability,
         segment_bytes=4096, batch_bytes=512, rotate_records=400, retain=1,
+        concurrent_enumeration=True,  # app_lock is held while logging and while emitting
     )
 
     def on_sigint(signum: int, frame: Any) -> None:
