@@ -15,6 +15,7 @@ from ._api import open, restore
 from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
 from ._errors import (
+    CodecError,
     CorruptLogError,
     DestinationError,
     EnumerateError,
@@ -34,10 +35,16 @@ from ._log import Log
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._store import ResourceStore
+from ._version import package_version
+
+#: The installed package's version (the format's is ``FORMAT_VERSION``).
+__version__ = package_version()
+del package_version
 
 __all__ = [
     "AsyncLog",
     "Codec",
+    "CodecError",
     "CorruptLogError",
     "Cursor",
     "DestinationError",

@@ -66,10 +66,24 @@ _LENIENT_SEMANTIC = {
 }
 
 
+class RecordRefused(Exception):
+    """A registered type's decode (or upgrade) function refused its fields: the app's
+    problem, never damage. The decoder turns it into :class:`CodecError` with the record's
+    position; ``cause`` is the app's exception."""
+
+    def __init__(self, type_name: str, version: int, cause: BaseException | str) -> None:
+        super().__init__(type_name, version, cause)
+        self.type_name = type_name
+        self.version = version
+        self.cause = cause
+
+
 def _decode(data: bytes, tag_hook: Callable[[cbor2.CBORTag, bool], Any]) -> Any:
     try:
         return cbor2.loads(data, tag_hook=tag_hook, semantic_decoders=_SAFE_SEMANTIC, max_depth=SEQUENCE_DEPTH)
-    except cbor2.CBORDecodeError:
+    except cbor2.CBORDecodeError as e:
+        if isinstance(e.__cause__, RecordRefused):
+            raise e.__cause__ from None
         # Damage fails this reading too, with the same error.
         return cbor2.loads(data, tag_hook=tag_hook, semantic_decoders=_LENIENT_SEMANTIC, max_depth=SEQUENCE_DEPTH)
 
@@ -218,12 +232,17 @@ class Codec:
     Unregistered objects make ``Log.update()`` raise ``TypeError`` before anything is
     written. On reading, a tag-27 object whose name is not registered stays a
     ``cbor2.CBORTag`` (``tag.value == [name, fields]``): decoding never constructs a class
-    the app did not register.
+    the app did not register. A registered class that cannot be built from what was
+    logged (a field added, dropped or renamed since) raises :class:`CodecError` naming the
+    type, the LSN and the place: the bytes are intact, so it is never damage. Versions
+    and upgrade functions (``register(..., version=2, upgrade={1: fn})``) let a class
+    change and still read what older code logged.
     """
 
     def __init__(self) -> None:
-        self._by_type: dict[type, tuple[str, Callable[[Any], Any]]] = {}
-        self._by_name: dict[str, Callable[[Any], Any]] = {}
+        self._by_type: dict[type, tuple[str, Callable[[Any], Any], int]] = {}
+        # name -> (decode, current version, upgrade functions by the version they read)
+        self._by_name: dict[str, tuple[Callable[[Any], Any], int, dict[int, Callable[[Any], Any]]]] = {}
         # Levels taken by registered objects being encoded on this thread (see _default).
         self._nesting = threading.local()
         self.encode: Callable[[Any], bytes] = functools.partial(cbor2.dumps, default=self._default)
@@ -235,18 +254,38 @@ class Codec:
         *,
         encode: Callable[[Any], Any] | None = None,
         decode: Callable[[Any], Any] | None = None,
+        version: int = 1,
+        upgrade: Mapping[int, Callable[[Any], Any]] | None = None,
     ) -> Any:
         """Register ``cls`` under ``name``; usable as a class decorator.
 
         Dataclasses need nothing else: their fields are written as a map and passed back
         as keyword arguments. For other classes give ``encode(obj) -> value`` (any
         loggable value) and ``decode(value) -> obj``.
+
+        When the class changes, raise ``version`` (records are written with it) and give,
+        for each older version ``v``, ``upgrade[v](fields) -> fields`` turning what version
+        ``v`` wrote into what version ``v + 1`` writes (for a dataclass, a dict of field
+        names). Reading a record of version ``v`` runs ``upgrade[v]``, ``upgrade[v + 1]``...
+        then ``decode``. Records logged before any version was given are version 1.
         """
         if not isinstance(name, str) or not name:
             raise TypeError("Codec.register needs a non-empty name string first")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ValueError(f"Codec.register({name!r}): version must be an integer >= 1, not {version!r}")
+        steps = dict(upgrade or {})
+        missing = [v for v in range(1, version) if v not in steps]
+        extra = sorted(v for v in steps if not (isinstance(v, int) and 1 <= v < version))
+        if missing or extra or not all(callable(f) for f in steps.values()):
+            raise ValueError(
+                f"Codec.register({name!r}, version={version}) needs upgrade={{v: fn}} with a callable "
+                f"for each older version 1..{version - 1}: missing {missing}, unexpected {extra}"
+            )
         if cls is None:
-            return functools.partial(self._register_decorator, name, encode=encode, decode=decode)
-        self._register(name, cls, encode, decode)
+            return functools.partial(
+                self._register_decorator, name, encode=encode, decode=decode, version=version, upgrade=steps
+            )
+        self._register(name, cls, encode, decode, version, steps)
         return cls
 
     def _register_decorator(
@@ -256,8 +295,10 @@ class Codec:
         *,
         encode: Callable[[Any], Any] | None,
         decode: Callable[[Any], Any] | None,
+        version: int,
+        upgrade: dict[int, Callable[[Any], Any]],
     ) -> type[T]:
-        self._register(name, cls, encode, decode)
+        self._register(name, cls, encode, decode, version, upgrade)
         return cls
 
     def _register(
@@ -266,6 +307,8 @@ class Codec:
         cls: type,
         encode: Callable[[Any], Any] | None,
         decode: Callable[[Any], Any] | None,
+        version: int,
+        upgrade: dict[int, Callable[[Any], Any]],
     ) -> None:
         if not isinstance(cls, type):
             raise TypeError(f"Codec.register({name!r}, ...) needs a class, got {cls!r}")
@@ -279,8 +322,8 @@ class Codec:
             fields = [f.name for f in dataclasses.fields(cls)]
             encode = encode or (lambda obj: {f: getattr(obj, f) for f in fields})
             decode = decode or (lambda value: cls(**value))
-        self._by_type[cls] = (name, encode)
-        self._by_name[name] = decode
+        self._by_type[cls] = (name, encode, version)
+        self._by_name[name] = (decode, version, upgrade)
 
     def encoder(self, fp: Any) -> cbor2.CBOREncoder:
         """A streaming encoder writing records to ``fp`` (the Log's batch buffer)."""
@@ -305,14 +348,14 @@ class Codec:
 
     @property
     def names(self) -> Mapping[str, Callable[[Any], Any]]:
-        """Registered names (read-only view)."""
-        return dict(self._by_name)
+        """Registered names and their decode functions (a copy)."""
+        return {name: entry[0] for name, entry in self._by_name.items()}
 
     def _default(self, encoder: cbor2.CBOREncoder, value: Any) -> None:
         entry = self._by_type.get(type(value))
         if entry is None:
             raise TypeError(_unloggable(value))
-        name, enc = entry
+        name, enc, version = entry
         fields = enc(value)
         # What enc() returns is seen only now, inside cbor2's recursion, and may hold more
         # registered objects: the levels of every registered object being encoded on this
@@ -327,7 +370,8 @@ class Codec:
             raise RecordTooDeep()
         nesting.used = used + 2 + depth
         try:
-            encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, fields]))
+            # Version 1 keeps the two-item form every earlier record has.
+            encoder.encode(cbor2.CBORTag(OBJECT_TAG, [name, fields] if version == 1 else [name, fields, version]))
         finally:
             nesting.used = used
 
@@ -335,11 +379,33 @@ class Codec:
         # cbor2 6 calls tag hooks with (tag, immutable).
         if tag.tag == OBJECT_TAG and self._by_name:
             value = tag.value
-            if isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str):
-                decode = self._by_name.get(value[0])
-                if decode is not None:
-                    return decode(_thaw(value[1]))
+            if isinstance(value, (list, tuple)) and len(value) in (2, 3) and isinstance(value[0], str):
+                entry = self._by_name.get(value[0])
+                if entry is not None:
+                    return self._build(value[0], entry, value)
         return tag
+
+    @staticmethod
+    def _build(
+        name: str, entry: tuple[Callable[[Any], Any], int, dict[int, Callable[[Any], Any]]], value: Any
+    ) -> Any:
+        """A registered object from its tag's ``[name, fields(, version)]``, upgraded from
+        the version it was written with; the app's refusal is :class:`RecordRefused`."""
+        decode, current, upgrade = entry
+        written = value[2] if len(value) == 3 else 1
+        if not isinstance(written, int) or isinstance(written, bool) or written < 1:
+            raise RecordRefused(name, 0, f"its version {written!r} is not a positive integer")
+        if written > current:
+            raise RecordRefused(
+                name, written, f"it was written by version {written}; this Codec registers version {current}"
+            )
+        fields = _thaw(value[1])
+        try:
+            for v in range(written, current):
+                fields = upgrade[v](fields)
+            return decode(fields)
+        except Exception as e:
+            raise RecordRefused(name, written, e) from e
 
     def loads(self, data: bytes) -> Any:
         """Decode one CBOR item (or an indefinite array of records) safely."""

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from . import _format as F
-from ._codec import plain_loads
-from ._errors import MissingDependencyError
+from ._codec import RecordRefused, plain_loads
+from ._errors import CodecError, MissingDependencyError
 
 _crc32 = zlib.crc32
 
@@ -159,6 +159,8 @@ def split_records(
     """``(records, snapshot_bitmap)``; the bitmap is None unless the batch mixes kinds."""
     try:
         items = loads(b"\x9f" + raw + b"\xff")
+    except RecordRefused as r:
+        raise refused(header, raw, offset, loads, r) from r.cause if isinstance(r.cause, BaseException) else None
     except Exception as e:
         raise Damage(f"batch payload is not a CBOR sequence: {e}", offset) from None
     if not isinstance(items, list):
@@ -260,10 +262,40 @@ def _decode_slices(
             continue
         try:
             items = loads(b"\x9f" + raw[lo:hi] + b"\xff")
+        except RecordRefused:
+            split_records(header, raw, offset, loads)  # raises the CodecError with its LSN
+            raise
         except Exception as e:
             split_records(header, raw, offset, loads)  # raises the whole batch's verdict
             raise Damage(f"batch payload is not a CBOR sequence: {e}", offset) from None
         yield indices[i], items
+
+
+def refused(header: BatchHeader, raw: bytes, offset: int, loads: Any, first: RecordRefused) -> CodecError:
+    """The :class:`CodecError` for a batch holding a record the app's codec refuses, with
+    that record's LSN: the items are decoded one at a time to find it (the slow path of a
+    failure only)."""
+    import io
+
+    import cbor2
+
+    fp = io.BytesIO(raw)
+    items = cbor2.CBORDecoder(fp, tag_hook=lambda tag, immutable: tag)
+    skip = 1 if header.kind == F.KIND_MIXED else 0  # the kind bitmap comes first
+    lsn, found, pos, index = None, first, 0, 0
+    try:
+        while pos < len(raw):
+            items.decode()
+            end = fp.tell()
+            try:
+                loads(b"\x9f" + raw[pos:end] + b"\xff")
+            except RecordRefused as r:
+                lsn, found = header.first_lsn + index - skip, r
+                break
+            pos, index = end, index + 1
+    except Exception:
+        pass  # the record's place cannot be told; the error says "a record"
+    return CodecError(found.type_name, found.version, lsn, offset, found.cause)
 
 
 def control_records(header: BatchHeader, raw: bytes, offset: int) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@
     ├── LogFailedError         the Log hit a write failure earlier and refuses further writes
     ├── LogClosedError         the Log was closed (also a RuntimeError)
     ├── EnumerateError         the app's enumerate_all raised during a rotation
+    ├── CodecError             intact bytes that the app's Codec cannot turn back into its object
     ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
@@ -83,6 +84,44 @@ class EnumerateError(PersistLogError):
 
     The new log stays incomplete and writing continues in it; the next trigger retries.
     """
+
+
+class CodecError(PersistLogError):
+    """A record read back intact, but the app's :class:`Codec` could not rebuild it: the
+    registered class changed since it was logged (a field added, dropped or renamed), or a
+    decode or upgrade function raised. The app's exception is ``__cause__``.
+
+    Never damage, so never skipped by ``recovery="skip"``: register the class with a
+    ``version`` and ``upgrade`` functions for what older code logged, and read again.
+    ``type_name``, ``version`` (the one the record was written with), ``lsn`` (None when
+    it could not be told) and ``offset`` say which record; ``where`` names the destination,
+    log and segment when the reader knows them.
+    """
+
+    def __init__(self, type_name: str, version: int, lsn: int | None, offset: int, cause: object) -> None:
+        self.type_name = type_name
+        self.version = version
+        self.lsn = lsn
+        self.offset = offset
+        self.where = ""
+        self._cause_text = cause if isinstance(cause, str) else f"{type(cause).__name__}: {cause}"
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        at = f"LSN {self.lsn}" if self.lsn is not None else "a record"
+        place = f"{self.where}, " if self.where else ""
+        return (
+            f"{at} ({place}batch at offset {self.offset}) holds a {self.type_name!r} of version "
+            f"{self.version} that the app's Codec cannot rebuild: {self._cause_text}. The bytes are "
+            "intact (not damage): if the class changed, register it with version= and upgrade= "
+            "for what older code logged"
+        )
+
+    def locate(self, where: str) -> CodecError:
+        """Name the place (destination, log, segment) in the message; returns self."""
+        self.where = where
+        self.args = (self._message(),)
+        return self
 
 
 class EnumerationStalled(PersistLogError):

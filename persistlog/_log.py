@@ -276,7 +276,8 @@ class Log:
                 concurrent=concurrent_enumeration,
             )
             for entry in secondaries:
-                if isinstance(entry, tuple) and len(entry) == 2:
+                # A pair is a tuple, or a list as JSON (a config file) gives it.
+                if isinstance(entry, (tuple, list)) and len(entry) == 2:
                     self._secondaries.append(self._make_secondary(entry[0], entry[1]))
                 elif isinstance(entry, (str, os.PathLike)):
                     self._secondaries.append(self._make_secondary(entry, None))

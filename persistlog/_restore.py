@@ -20,7 +20,7 @@ from destinations import Destination
 
 from ._codec import Codec
 from ._decoder import Damage
-from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
+from ._errors import CodecError, CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
 from ._format import segment_name
 from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, declares_gap, list_logs, read_pointer
 
@@ -271,6 +271,9 @@ def restore_from(
                     for _first, records in batch.record_slices(loads):
                         apply(records)
                         result.records += len(records)
+                except CodecError as e:
+                    # Intact bytes the app's Codec refuses: its problem, never skipped.
+                    raise e.locate(f"{dest.url} log {batch.log} {segment_name(batch.log, batch.segment)}")
                 except Damage as d:
                     # Checksums held but the records do not decode: corruption like any other.
                     name = segment_name(batch.log, batch.segment)

@@ -75,16 +75,30 @@ cursor), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
+try:
+    import pyspark as _pyspark  # noqa: F401  (only to say what is missing, at once)
+except ImportError as _e:
+    from persistlog import MissingDependencyError as _Missing
 
-from destinations import destination_url
+    raise _Missing(
+        "spark_replay needs PySpark (and pyarrow): pip install 'persistlog[spark]'",
+        package="pyspark",
+        extra="spark",
+    ) from _e
+
+from destinations import destination_url as _destination_url
 
 from ._session import local_session
 from ._source import PersistLogDataSource
 from ._state import resolve_lsn, state
+
+if TYPE_CHECKING:
+    import os
+    from typing import Any
+
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "PersistLogDataSource",
@@ -126,7 +140,7 @@ def read(spark: SparkSession, url: str | os.PathLike[str], **options: Any) -> Da
             options["min_partitions"] = spark.sparkContext.defaultParallelism
         except Exception:  # Spark Connect has no SparkContext: keep the source's default
             pass
-    df: DataFrame = _reader(spark, options).load(destination_url(url))
+    df: DataFrame = _reader(spark, options).load(_destination_url(url))
     return df
 
 
@@ -139,5 +153,10 @@ def corrupt_report(spark: SparkSession, url: str | os.PathLike[str], **options: 
     scanned (checksums, chains) but records are only decoded, never converted. Takes the
     read options (``storage_options``, ``logs``, ``from_lsn``...).
     """
-    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(destination_url(url))
+    df: DataFrame = _reader(spark, {**options, "view": "corrupt"}).load(_destination_url(url))
     return df
+
+
+def __dir__() -> list[str]:
+    """The public names only (``dir(spark_replay)``, tab completion)."""
+    return sorted(__all__)

@@ -47,6 +47,17 @@ class JobError(Exception):
         self.code = code
 
 
+
+def _as_of_time(text: str) -> str:
+    """``--as-of-time``, checked before Spark starts (a bad time is a usage error at once)."""
+    from ._state import parse_as_of_time
+
+    try:
+        parse_as_of_time(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m spark_replay",
@@ -58,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--as-of-lsn", type=int, metavar="N", help="state as of this LSN")
     when.add_argument(
-        "--as-of-time", metavar="T", help="state as of this time (ISO-8601 with offset, e.g. 2025-01-31T00:00:00Z)"
+        "--as-of-time", metavar="T", type=_as_of_time,
+        help="state as of this time (ISO-8601, e.g. 2025-01-31T00:00:00Z; without an offset, the "
+        "Spark session's time zone)",
     )
     p.add_argument(
         "--convention",

@@ -29,16 +29,30 @@ def _column(value: Column | str | None, df: DataFrame, default: str | None, what
     )
 
 
-def _micros(when: datetime.datetime | str) -> int:
+def parse_as_of_time(when: datetime.datetime | str) -> datetime.datetime:
+    """``as_of_time`` as a datetime: a datetime as it is, or an ISO-8601 string (``Z`` or an
+    offset, or none: then it is naive). Raises before any Spark work is done."""
     if isinstance(when, str):
         try:
-            when = datetime.datetime.fromisoformat(when.replace("Z", "+00:00"))
+            return datetime.datetime.fromisoformat(when.replace("Z", "+00:00"))
         except ValueError:
-            raise ValueError(f"as_of_time must be an ISO-8601 time with a UTC offset, not {when!r}") from None
+            raise ValueError(
+                f"as_of_time must be an ISO-8601 time such as 2025-01-31T00:00:00Z, not {when!r}"
+            ) from None
     if not isinstance(when, datetime.datetime):
         raise TypeError(f"as_of_time must be a datetime or an ISO-8601 string, not {type(when).__name__}")
+    return when
+
+
+def _micros(when: datetime.datetime | str, session_zone: str) -> int:
+    """Microseconds since the epoch. A naive time (what PySpark itself returns for a
+    ``timestamp``) is read in the session time zone, ``spark.sql.session.timeZone``, as
+    Spark reads one."""
+    when = parse_as_of_time(when)
     if when.tzinfo is None:
-        raise ValueError("as_of_time needs a time zone (an aware datetime, or an offset such as +00:00)")
+        import zoneinfo
+
+        when = when.replace(tzinfo=zoneinfo.ZoneInfo(session_zone))
     delta = when - datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
     return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
 
@@ -55,7 +69,8 @@ def resolve_lsn(
             raise ValueError(f"as_of_lsn must be an integer >= 1 (LSNs start at 1), not {as_of_lsn!r}")
         return as_of_lsn
     if as_of_time is not None:
-        cutoff = sf.timestamp_micros(sf.lit(_micros(as_of_time)))
+        zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+        cutoff = sf.timestamp_micros(sf.lit(_micros(as_of_time, zone)))
         row = df.filter(sf.col("commit_time") <= cutoff).agg(sf.max("lsn").alias("lsn")).first()
         if row is None or row["lsn"] is None:
             raise ValueError(f"no record in this frame was committed at or before {as_of_time}")

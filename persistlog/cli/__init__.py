@@ -8,10 +8,10 @@ the work itself is done by library functions (``persistlog._destination_check``,
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 
 from .._format import FORMAT_VERSION
+from .._version import package_version
 from . import dump, info, repair, restore_check, tail, verify
 from ._console import EXIT_USAGE, guarded, logging_to_stderr
 from ._options import common_options
@@ -35,14 +35,6 @@ examples:
 
 Run "persistlog COMMAND --help" for each command's options and examples.
 """
-
-
-def package_version() -> str:
-    """The installed distribution's version ("unknown" when run from a tree never installed)."""
-    try:
-        return importlib.metadata.version("persistlog")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:

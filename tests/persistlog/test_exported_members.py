@@ -23,3 +23,10 @@ def test_exported_classes_and_functions_belong_to_persistlog() -> None:
         value = getattr(persistlog, name)
         if isinstance(value, (type, types.FunctionType)):
             assert value.__module__ == "persistlog", name
+
+
+def test_the_package_says_its_version_as_the_cli_does() -> None:
+    import importlib.metadata
+
+    assert persistlog.__version__ == importlib.metadata.version("persistlog")
+    assert "__version__" not in persistlog.__all__  # a module attribute, not an export

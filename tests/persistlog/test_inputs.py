@@ -230,3 +230,16 @@ def test_metadata_holding_a_codec_registered_object_is_refused_before_anything_i
         persistlog.open(url, lambda emit: None, codec=codec, metadata={"m": Meta(1)})
     assert not url.exists() or not [p for p in url.iterdir() if p.suffix == ".plog"]
     persistlog.open(url, lambda emit: None, codec=codec, metadata={"m": 1}).close()
+
+
+def test_a_secondary_given_as_a_two_item_list_is_a_url_and_its_options(tmp_path: pathlib.Path) -> None:
+    """JSON has no tuples: a config file's ``[url, options]`` pair works as the tuple does."""
+    import json
+
+    entries = json.loads(json.dumps([[str(tmp_path / "backup"), {"auto_mkdir": True}]]))
+    log = persistlog.open(str(tmp_path / "log"), lambda emit: None, secondaries=entries)
+    log.update({"k": 1})
+    log.close()
+    records: list[Any] = []
+    persistlog.restore(str(tmp_path / "backup"), records.append)
+    assert records == [{"k": 1}]

@@ -80,3 +80,21 @@ def test_the_installed_package_is_typed_for_users_scripts(tmp_path: pathlib.Path
     assert "import-not-found" not in proc.stdout and "import-untyped" not in proc.stdout, proc.stdout
     assert 'app.py:6: error: Incompatible types in assignment (expression has type "int", variable has type "str")' in proc.stdout
     assert "Found 1 error" in proc.stdout, proc.stdout
+
+
+def test_the_readme_codec_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
+    """The typed example users copy first type-checks under ``--strict`` as written."""
+    pytest.importorskip("mypy")
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = [b for b in re.findall(r"^```python\n(.*?)^```", readme, re.M | re.S) if "Codec" in b]
+    assert len(blocks) >= 2  # the registration and the schema change
+    script = tmp_path / "shop.py"
+    script.write_text("\n".join(blocks))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--follow-imports=silent", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout

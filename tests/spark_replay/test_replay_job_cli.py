@@ -49,3 +49,21 @@ def test_inconsistent_arguments_are_refused(tmp_path: Any, capsys: Any, extra: l
 def test_unknown_protocol_is_bad_input(tmp_path: Any, capsys: Any) -> None:
     assert main(["nosuchproto://x/y", "--out", str(tmp_path / "out")], spark=object()) == 2
     assert "cannot open nosuchproto://x/y" in capsys.readouterr().err
+
+
+def test_a_bad_as_of_time_is_refused_before_spark_starts(tmp_path: Any) -> None:
+    import persistlog
+
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None)
+    lg.update({"op": "put", "key": "a", "value": 1})
+    lg.close()
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_replay", url, "--out", str(tmp_path / "out"), "--as-of-time", "yesterday"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "as_of_time must be an ISO-8601 time" in proc.stderr and "'yesterday'" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -73,3 +73,20 @@ def test_the_replay_job_fails_in_one_line_naming_the_extra(tmp_path: Path) -> No
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert errors and "MissingDependencyError" in errors[-1] and HINT in errors[-1], proc.stderr[-3000:]
     assert "CorruptLogError" not in proc.stderr
+
+
+def test_import_without_pyspark_names_the_extra_to_install() -> None:
+    code = "import sys; sys.modules['pyspark'] = None; import spark_replay"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (
+        "persistlog.MissingDependencyError: spark_replay needs PySpark (and pyarrow): "
+        "pip install 'persistlog[spark]'"
+    )
+
+
+def test_dir_shows_the_public_names_only() -> None:
+    import spark_replay
+
+    assert dir(spark_replay) == sorted(spark_replay.__all__)

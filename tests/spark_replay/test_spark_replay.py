@@ -99,6 +99,8 @@ def test_state_equals_the_store_at_many_points_across_rotations_and_retention(sp
     at = spark_replay.resolve_lsn(df, as_of_time=when)
     assert at >= mid["lsn"]
     assert as_dict(spark_replay.state(df, as_of_time=when)) == expected_at(history, at)
+    # The naive datetime PySpark itself returned means the session time zone, as in Spark.
+    assert spark_replay.resolve_lsn(df, as_of_time=mid["commit_time"]) == at
     # Retention deleted what the first rounds need: say so rather than answer wrongly.
     first_kept = rows[0]["lsn"]
     assert first_kept > history[0][0]
