@@ -216,7 +216,7 @@ def test_every_command_as_a_child_process(logdir: str) -> None:
     statuses reach the shell."""
     tear_newest(logdir)
     info = cli_subprocess("info", logdir, "--json")
-    assert info.status == 0 and json.loads(info.out)["torn"] == 1
+    assert info.status == 1 and json.loads(info.out)["torn"] == 1
     dump = cli_subprocess("dump", logdir, "--json", "--log", "3")
     assert dump.status == 0 and all(json.loads(line)["log"] == 3 for line in dump.out.splitlines())
     tail = cli_subprocess("tail", logdir, "--json")
