@@ -170,9 +170,12 @@ def test_an_interrupted_retention_is_a_warning_not_corruption(logdir: str, expec
 
 
 def test_a_middle_log_cut_short_is_still_corruption(logdir: str) -> None:
-    _drop_last_segment(logdir, 2)
+    """A log that is not the oldest, ending (unsealed) before the next one starts, lost its
+    end: the damage is located in it, with the LSNs the next log says are missing."""
+    kept = _drop_last_segment(logdir, 2)
     run = cli("verify", logdir)
-    assert run.status == 1 and "CORRUPT: log 3" in run.out and "expected" in run.out, run.out
+    assert run.status == 1 and f"CORRUPT: log 2 segment {kept}" in run.out, run.out
+    assert "are missing from its end" in run.out and "only older history is damaged" in run.out
 
 
 def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: str) -> None:
