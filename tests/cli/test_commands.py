@@ -292,7 +292,7 @@ def test_tail_prints_what_a_follower_sees_and_exits(logdir: str) -> None:
     state, result = restore_state(logdir)
     assert len(rows) == result.records and rows[-1]["lsn"] == result.last_lsn
     assert {r["log"] for r in rows} == {3}
-    assert set(rows[0]) == {"lsn", "log", "segment", "commit_time", "record"}
+    assert set(rows[0]) == {"lsn", "log", "segment", "cursor", "commit_time", "record"}
 
 
 def test_tail_stops_at_corruption_with_status_1(logdir: str) -> None:
@@ -334,9 +334,13 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
                 break
         assert seen is not None and seen["record"] == {"op": "put", "key": "arrived", "value": "later"}
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+        rest, err = proc.communicate(timeout=20)
         assert proc.returncode == 130
-        assert "stopped at cursor" in err
+        # The stop message names the last line written and its cursor, and says a consumer
+        # resumes from the cursor of the last line it finished instead.
+        last = json.loads(rest.splitlines()[-1]) if rest.strip() else seen
+        assert f"stopped after LSN {last['lsn']}, the last record written to stdout" in err
+        assert f"--cursor {last['cursor']} resumes right after it" in err and "that line's cursor" in err
     finally:
         if proc.poll() is None:
             proc.kill()
