@@ -15,10 +15,11 @@ from collections.abc import Callable
 from destinations import Destination
 
 from . import _format as F
-from ._destination_report import CORRUPT, WARNING, DestinationReport, LogInfo, Problem, Progress
+from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
 from ._lock_holder import read_holder
 from ._log_check import LogCheck
 from ._reader import declares_gap, list_logs, read_pointer
+from ._restore import end_missing
 
 
 def inspect_destination(
@@ -52,7 +53,7 @@ def inspect_destination(
     checked = 0
     previous: LogInfo | None = None
     oldest: LogInfo | None = None
-    cut_short: tuple[LogInfo, LogInfo] | None = None
+    cut_short: tuple[LogInfo, LogInfo, str] | None = None
     for seq, segments in logs.items():
         on_batch = None
         if progress is not None:
@@ -68,6 +69,15 @@ def inspect_destination(
         if declared:
             report.gaps.append(seq)
             expect = None  # not a break in the chain: its writer said so
+        lost_end = None
+        if previous is not None and seq == previous.seq + 1 and not declared:
+            torn = any(p.kind == TORN for p in previous.problems)
+            lost_end = end_missing(dest, previous.seq, previous.next_lsn, previous.sealed, torn, segments)
+            if lost_end is not None and not (after_oldest and not torn):
+                # Retention deletes whole segments, never part of a batch: only an oldest
+                # log without a torn tail waits for _judge_cut_short.
+                _lost_end(previous, *lost_end)
+                expect = lost_end[0]
         if previous is not None and seq != previous.seq + 1 and previous.segments and not declared:
             last = previous.segments[-1]
             missing = f"log {previous.seq + 1}" if seq == previous.seq + 2 else f"logs {previous.seq + 1}..{seq - 1}"
@@ -88,7 +98,7 @@ def inspect_destination(
         checked += reader.records_checked
         report.logs.append(info)
         if after_oldest and not declared and previous is not None and info.first_lsn != previous.next_lsn:
-            cut_short = (previous, info)
+            cut_short = (previous, info, lost_end[1] if lost_end is not None else "")
         bytes_before += info.bytes
         segments_before += len(segments)
         if progress is not None:
@@ -119,7 +129,25 @@ def _current_status(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -
     return pointer, "ok"
 
 
-def _judge_cut_short(report: DestinationReport, old: LogInfo, new: LogInfo) -> None:
+def _lost_end(lg: LogInfo, first: int, why: str) -> None:
+    """Log ``lg`` lost its end (:func:`end_missing`): its torn tail, if it has one, is that
+    damage; else the damage is at the end of its last segment. Either way the records of
+    LSNs ``lg.next_lsn`` to ``first - 1`` are gone."""
+    lost = first - lg.next_lsn if lg.next_lsn is not None else None
+    torn = next((p for p in lg.problems if p.kind == TORN), None)
+    if torn is not None:
+        torn.kind, torn.reason, torn.records_lost = CORRUPT, f"{why} ({torn.reason})", lost
+        return
+    last = lg.segments[-1] if lg.segments else None
+    lg.problems.append(
+        Problem(
+            CORRUPT, why, lg.seq, last.name if last else None, last.bytes if last else None,
+            lsn=lg.next_lsn, records_before=lg.records, records_lost=lost,
+        )
+    )
+
+
+def _judge_cut_short(report: DestinationReport, old: LogInfo, new: LogInfo, why: str) -> None:
     """The oldest log ends, unsealed, before the next one starts: the leftover of an
     interrupted retention when a restore does not need it, a break in the chain if it does."""
     if report.restore_from is not None and report.restore_from > old.seq:
@@ -133,6 +161,9 @@ def _judge_cut_short(report: DestinationReport, old: LogInfo, new: LogInfo) -> N
                 old.seq, last.name if last else None, last.bytes if last else None,
             )
         )
+        return
+    if why and new.first_lsn is not None:
+        _lost_end(old, new.first_lsn, why)
         return
     first = new.segments[0].name if new.segments else None
     new.problems.insert(

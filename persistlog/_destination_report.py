@@ -31,7 +31,9 @@ class Problem:
     :class:`CorruptLogError` in strict mode) or ``"warning"`` (harmless for readers, e.g. a
     damaged CURRENT). ``length`` is the number of damaged bytes when known. ``lsn`` is the
     LSN due at ``offset`` (the first LSN a cut there would lose) and ``records_before`` the
-    app records of the log before it; both are None when unknown.
+    app records of the log before it; both are None when unknown. ``records_lost`` counts
+    the app records the damaged bytes held (LSNs from ``lsn`` on), when that is known: the
+    count in a torn batch's header, or the LSNs missing before the next log's first.
     """
 
     kind: str
@@ -42,6 +44,7 @@ class Problem:
     length: int = 0
     lsn: int | None = None
     records_before: int | None = None
+    records_lost: int | None = None
     #: Further findings at the same damage site (nothing intact between them).
     also: list[str] = field(default_factory=list)
 
@@ -79,6 +82,7 @@ class Problem:
             "length": self.length,
             "lsn": self.lsn,
             "records_before": self.records_before,
+            "records_lost": self.records_lost,
             "also": list(self.also),
         }
 

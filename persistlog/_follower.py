@@ -33,6 +33,7 @@ from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRe
 from ._decoder import Damage, parse_segment_header
 from ._reader import Batch, LogScanner, declares_gap, read_pointer
 from ._restore import gc_pause, plan, scan_from
+from ._resume import records_to_skip
 
 log = logging.getLogger("persistlog")
 
@@ -87,7 +88,8 @@ class FollowedBatch:
     """One batch a follower applied: its records and the cursor just after it.
 
     ``kinds[i]`` is ``"update"`` or ``"snapshot"`` (written by an enumeration) for
-    ``records[i]``.
+    ``records[i]``. ``start`` is the cursor at the batch itself (its first LSN);
+    :meth:`record_cursor` gives the cursor right after any one record.
     """
 
     records: list[Any]
@@ -96,6 +98,15 @@ class FollowedBatch:
     commit_time: float
     cursor: Cursor
     kinds: Sequence[str] = ()
+    start: Cursor | None = None
+
+    def record_cursor(self, lsn: int) -> Cursor:
+        """The cursor that resumes right after the record with LSN ``lsn`` of this batch:
+        :attr:`cursor` after its last record, else the batch's place with LSN ``lsn + 1``
+        (a follower resuming there skips the batch's records before it)."""
+        if lsn >= self.last_lsn or self.start is None:
+            return self.cursor
+        return Cursor(self.start.log, self.start.segment, self.start.offset, lsn + 1)
 
 
 @dataclass(frozen=True)
@@ -190,6 +201,10 @@ class Follower:
         # Whether FollowedBatch.records are gathered: only for an app iterating the
         # follower, since holding a whole batch's records costs restore-like speed.
         self._keep_records = True
+        # A cursor handed in is checked at the first poll; one inside a batch leaves the
+        # records of that batch to skip: ((log, segment, offset), how many).
+        self._check_cursor = cursor is not None
+        self._skip: tuple[tuple[int, int, int], int] | None = None
 
     # -- public -------------------------------------------------------------------------
 
@@ -337,6 +352,9 @@ class Follower:
         where = (batch.log, batch.segment, batch.offset)
         # Records of this batch a replay that raised already took: not given twice.
         done = self._partial[1] if self._partial is not None and self._partial[0] == where else 0
+        # Records before the cursor this follower was handed, inside this batch: not at all.
+        drop = self._skip[1] if self._skip is not None and self._skip[0] == where else 0
+        done = max(done, drop)
         try:
             slices = batch.record_slices(self._loads)
             kinds = slices.kinds()
@@ -345,7 +363,7 @@ class Follower:
                     skip = max(0, done - first)
                     self._replay_slice(part[skip:] if skip else part, where, first + skip)
                 if self._keep_records:
-                    records.extend(part)
+                    records.extend(part[drop - first:] if drop > first else part)
         except Damage as d:
             # Checksums held but the records do not decode: corruption like any other.
             # (Skip mode passes over it: an empty batch, its LSNs not applied.)
@@ -358,13 +376,17 @@ class Follower:
                         self.dest.url, batch.log, name, batch.offset, d.reason)
             records, kinds = [], []
         self._partial = None
+        self._skip = None
         commit = batch.header.commit_us
         self._applied_commit_us = commit
         if next_lsn - 1 > self._seen_lsn:
             self._seen_lsn = next_lsn - 1
             self._seen_commit_us = commit
         self._cursor = after
-        return FollowedBatch(records, batch.first_lsn, next_lsn - 1, commit / 1e6, after, kinds)
+        start = Cursor(batch.log, batch.segment, batch.offset, batch.first_lsn)
+        if drop:
+            kinds = kinds[drop:]
+        return FollowedBatch(records, batch.first_lsn + drop, next_lsn - 1, commit / 1e6, after, kinds, start)
 
     def _replay_slice(self, records: list[Any], where: tuple[int, int, int], before: int) -> None:
         """Replay records of the batch at ``where`` that follow its first ``before``; if the
@@ -391,6 +413,8 @@ class Follower:
             if self._cursor is None:
                 yield from self._sync_from_start()
             else:
+                if self._check_cursor:
+                    self._resume_inside_batch(self._cursor)
                 yield from self._tail()
         except FileNotFoundError as e:
             if isinstance(e, PersistLogError):
@@ -421,6 +445,15 @@ class Follower:
                     yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
         self._at_end = True
 
+    def _resume_inside_batch(self, cur: Cursor) -> None:
+        """Check the cursor handed in (a bad one raises ``ValueError``); one inside a batch
+        becomes the batch's own cursor, with the records before it to skip."""
+        skip = records_to_skip(self.dest, cur.log, cur.segment, cur.offset, cur.next_lsn)
+        self._check_cursor = False
+        if skip:
+            self._cursor = Cursor(cur.log, cur.segment, cur.offset, cur.next_lsn - skip)
+            self._skip = ((cur.log, cur.segment, cur.offset), skip)
+
     def _reset(self, why: str) -> Iterator[FollowedBatch]:
         if self._on_reset is None:
             raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
@@ -429,6 +462,7 @@ class Follower:
         self._on_reset()
         self._cursor = None
         self._partial = None
+        self._skip = None
         self._sealed = False
         yield from self._sync_from_start()
 

@@ -17,7 +17,7 @@ from destinations import Destination
 
 from . import _format as F
 from ._codec import Codec
-from ._decoder import Damage
+from ._decoder import Damage, parse_batch_header
 from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo
 from ._reader import LogScanner
 
@@ -137,7 +137,8 @@ class LogCheck:
             t = st.torn
             info.problems.append(
                 Problem(
-                    TORN, t.reason, t.log, t.segment, t.offset, t.length, lsn=st.next_lsn, records_before=st.records
+                    TORN, t.reason, t.log, t.segment, t.offset, t.length, lsn=st.next_lsn, records_before=st.records,
+                    records_lost=0 if st.sealed else self._records_at(t.segment, t.offset),
                 )
             )
         if st.header is None and info.segments and not _has_problem_at_start(info):
@@ -158,6 +159,14 @@ class LogCheck:
                     )
                 )
         return info
+
+    def _records_at(self, name: str, offset: int) -> int | None:
+        """The records of the batch whose header starts at ``offset`` (a torn tail's: its
+        header says how many it was to hold), None when that header cannot be read."""
+        try:
+            return parse_batch_header(self.dest.read(name, offset, F.BATCH_HEADER_SIZE), offset).lsn_count
+        except Damage:
+            return None
 
     def _controls(self, info: LogInfo, controls: list[dict[str, Any]], segment: int, offset: int, end: int) -> None:
         for c in controls:

@@ -1,8 +1,10 @@
 """Repair: cut a damaged local destination back to the longest prefix that reads clean.
 
 A torn tail (the crash artefact restore drops anyway) is safe to repair: the damaged
-segment is copied aside and truncated at the last intact batch, which loses nothing that
-was ever acknowledged. This is what etcd's ``wal/repair.go`` does.
+segment is copied aside and truncated at the last intact batch, which loses nothing a
+restore reads (the unfinished batch, whose records its header counts, is dropped by restore
+too). This is what etcd's ``wal/repair.go`` does. A log that ends short of where the next
+log starts lost its end: that is corruption, never a torn tail.
 
 Real corruption is refused unless ``force=True``, and the plan says what forcing would
 lose. A forced repair picks the cut that keeps the most restorable state:
@@ -111,6 +113,11 @@ class RepairPlan:
     restore_from: int | None = None
     #: The first LSN a forced cut loses (every LSN from it on); None when nothing is cut.
     lost_from_lsn: int | None = None
+    #: App records the damage repaired holds, unreadable already (torn batches' headers
+    #: count them; a log's missing end is counted by the next log's first LSN), and
+    #: whether some damage holds records nobody can count.
+    damaged_records: int = 0
+    damaged_unknown: bool = False
 
     @property
     def needs_force(self) -> bool:
@@ -122,13 +129,13 @@ class RepairPlan:
 
     @property
     def records_lost(self) -> int:
-        """App records lost in intact batches (damaged batches' contents are unknown)."""
+        """App records lost in intact batches (those of the damage: ``damaged_records``)."""
         return sum(a.records_lost or 0 for a in self.actions)
 
     @property
     def unknown_records(self) -> bool:
         """Whether damaged bytes, whose records cannot be counted, are among what is lost."""
-        return self.needs_force
+        return self.damaged_unknown
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,6 +144,7 @@ class RepairPlan:
             "bytes_lost": self.bytes_lost,
             "records_lost": self.records_lost,
             "unknown_records": self.unknown_records,
+            "damaged_records": self.damaged_records,
             "restore_from": self.restore_from,
             "lost_from_lsn": self.lost_from_lsn,
             "actions": [a.to_dict() for a in self.actions],
@@ -223,7 +231,7 @@ def plan_repair(report: DestinationReport) -> RepairPlan:
             continue
         plan.actions.append(
             Action(TRUNCATE, p.log, p.segment, p.offset, p.length, 0,
-                   f"torn tail of {p.length} bytes ({p.reason}); nothing acknowledged is lost", safe=True)
+                   f"torn tail of {p.length} bytes ({p.reason}); {_torn_cost(p)}", safe=True)
         )
     if history:
         newest_damaged = max(history)
@@ -235,10 +243,27 @@ def plan_repair(report: DestinationReport) -> RepairPlan:
                            f"history older than the restored log (damaged at log {newest_damaged}); "
                            "the restored state does not change", safe=False)
                 )
+    if plan.actions:
+        damage = [p for p in report.all_problems() if p.kind in (TORN, CORRUPT) and p.log is not None]
+        plan.damaged_records = sum(p.records_lost or 0 for p in damage)
+        plan.damaged_unknown = any(p.records_lost is None for p in damage)
     complete = [s for s in _survivors_complete(report, cut, moved) if s not in moved]
     plan.restore_from = max(complete) if complete else min((s for s in by_seq if s not in moved), default=None)
     _plan_current(plan, report, complete)
     return plan
+
+
+def _torn_cost(p: Problem) -> str:
+    """What truncating a torn tail costs, as far as its bytes tell."""
+    if p.records_lost == 0:
+        return "no record is lost"
+    if p.records_lost is None or p.lsn is None:
+        held = "an unfinished batch whose header is unreadable"
+    else:
+        last = p.lsn + p.records_lost - 1
+        held = f"an unfinished batch of LSN {p.lsn}" if last == p.lsn else f"an unfinished batch of LSNs {p.lsn}..{last}"
+    return (f"it drops {held}, which a restore drops too: if a crash left it, those records "
+            "were never durable; a file cut short after a clean close looks the same")
 
 
 def _plan_cut(

@@ -21,8 +21,18 @@ from destinations import Destination
 from ._codec import Codec
 from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
-from ._format import segment_name
-from ._reader import Batch, LogScanner, LogState, Skipped, TornTail, declares_gap, list_logs, read_pointer
+from ._format import HEADER_AFTER_GAP, segment_name
+from ._reader import (
+    Batch,
+    LogScanner,
+    LogState,
+    Skipped,
+    TornTail,
+    declares_gap,
+    list_logs,
+    log_header,
+    read_pointer,
+)
 
 log = logging.getLogger("persistlog")
 
@@ -115,6 +125,61 @@ def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -
     return any(scanner.state.complete for _batch in scanner)
 
 
+def end_missing(
+    dest: Destination, seq: int, next_lsn: int | None, sealed: bool, torn: bool,
+    next_segments: list[tuple[int, str]],
+) -> tuple[int, str] | None:
+    """``(first LSN of log seq+1, why)`` when log ``seq`` lost its end: it is not sealed, it
+    ends at ``next_lsn`` (after the torn tail, if ``torn``, is dropped), and log seq+1, made
+    of ``next_segments``, starts at a later LSN without declaring a gap. None otherwise.
+
+    A crash leaves its log unsealed, even ending in an unfinished batch, but a later writer
+    starts its log where the intact part ends, and a rotation writes the old log's records
+    out before it creates the next: a later log that starts further on says this log's
+    records up to there were written, so what is missing is damage (a file cut short, a
+    segment lost), not a crash's torn tail. Reads the next log's header batch only.
+    """
+    if sealed or next_lsn is None:
+        return None
+    header = log_header(dest, next_segments)
+    first = header.get("first_lsn") if header is not None else None
+    if header is None or header.get(HEADER_AFTER_GAP) is True or not isinstance(first, int) or first <= next_lsn:
+        return None
+    how = "its last batch cut short" if torn else "without its seal"
+    if first == next_lsn + 1:
+        lost = f"LSN {next_lsn} (1 record) is"
+    else:
+        lost = f"LSNs {next_lsn}..{first - 1} ({first - next_lsn} records) are"
+    return first, (
+        f"log {seq} stops before LSN {next_lsn} ({how}), but log {seq + 1} starts at LSN {first}: "
+        f"{lost} missing from its end"
+    )
+
+
+def _check_end(
+    dest: Destination, p: ReplayPlan, st: LogState, next_seq: int, recovery: str
+) -> int | None:
+    """After log ``st.seq``, before ``next_seq``: a log that lost its end is corruption
+    (:func:`end_missing`), raised in strict mode and listed in ``st.skipped`` in skip mode,
+    where the next log's first LSN (returned) is where the chain resumes."""
+    if next_seq != st.seq + 1:
+        return None
+    found = end_missing(dest, st.seq, st.next_lsn, st.sealed, st.torn is not None, p.logs[next_seq])
+    if found is None:
+        return None
+    first, why = found
+    if st.torn is not None:
+        name, offset, length = st.torn.segment, st.torn.offset, st.torn.length
+    else:
+        name, offset, length = segment_name(st.seq, st.position[0]), st.position[1], 0
+    if recovery == "strict":
+        raise CorruptLogError(why, destination=dest.url, log=st.seq, segment=name, offset=offset)
+    log.warning("skipping damage in %s log %d %s at %d: %s", dest.url, st.seq, name, offset, why)
+    st.torn = None
+    st.skipped.append(Skipped(st.seq, name, offset, length, why))
+    return first
+
+
 def scan_from(
     dest: Destination, p: ReplayPlan, *, recovery: str = "strict", tail_ok: bool = False
 ) -> Iterator[tuple[LogScanner, Batch]]:
@@ -159,6 +224,8 @@ def scan_from(
             raise CorruptLogError("log has no header record", destination=dest.url, log=seq,
                                   segment=p.logs[seq][0][1], offset=0)
         expect = st.next_lsn
+        if i + 1 < len(seqs):
+            expect = _check_end(dest, p, st, seqs[i + 1], recovery) or expect
 
 
 def _stop_at_gap(dest: Destination, p: ReplayPlan, rest: list[int]) -> None:

@@ -86,7 +86,7 @@ class Hold:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= stall:
                 raise EnumerationStalled(
-                    f"this call waited {stall:.0f}s for enumerate_all, which emitted nothing "
+                    f"this call waited {stall:g}s for enumerate_all, which emitted nothing "
                     "meanwhile: if it waits for a lock that this call's caller holds, open the log "
                     "with concurrent_enumeration=True (the concurrency contract: per-resource "
                     "locks held while logging and while emitting); nothing of this call was logged"

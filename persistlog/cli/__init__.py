@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from .._format import FORMAT_VERSION
 from .._version import package_version
 from . import dump, info, repair, restore_check, tail, verify
-from ._console import EXIT_USAGE, guarded, logging_to_stderr
+from ._console import EXIT_USAGE, fail, guarded, logging_to_stderr
 from ._options import common_options
 
 COMMANDS = (info, verify, dump, tail, repair, restore_check)
@@ -37,8 +38,45 @@ Run "persistlog COMMAND --help" for each command's options and examples.
 """
 
 
+class BadUsage(Exception):
+    """A command line argparse refused: raised instead of printed, so that :func:`main`
+    reports it as the command line asks (``--json``: a JSON error object on stdout)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser (and, through ``add_subparsers``, every subcommand's), raising
+    :class:`BadUsage` for a usage error rather than printing it and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadUsage(self, message)
+
+
+def wants_json(argv: list[str]) -> bool:
+    """Whether ``--json`` (or an abbreviation argparse accepts, ``--js``) is on the command
+    line, wherever it stands: a usage error then answers in JSON too."""
+    return any(len(a) > 3 and "--json".startswith(a) for a in argv)
+
+
+def usage_error(e: BadUsage, argv: list[str]) -> int:
+    """Report a usage error: argparse's usage and message on stderr, and with ``--json``
+    the JSON error object on stdout, as every other failure of a command with ``--json``."""
+    if wants_json(argv):
+        # "persistlog info" -> "info: ..."; the URL is not known when the line does not parse.
+        command = e.parser.prog.partition(" ")[2]
+        message = f"{command}: {e.message}" if command else e.message
+        return fail(argparse.Namespace(json=True, url=None), message, EXIT_USAGE)
+    e.parser.print_usage(sys.stderr)
+    print(f"{e.parser.prog}: error: {e.message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="persistlog",
         description="Inspect, verify, dump, tail, repair and test-restore persistlog destinations.",
         epilog=EPILOG,
@@ -55,9 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (``sys.argv[1:]`` by default); returns the exit status."""
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except SystemExit as e:  # --help, --version, or a usage error argparse reported
+        args = parser.parse_args(argv)
+    except BadUsage as e:
+        return usage_error(e, argv)
+    except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     with logging_to_stderr(args.verbose):
         status: int = guarded(args.run, args)

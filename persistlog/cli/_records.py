@@ -32,7 +32,10 @@ class RecordWriter:
         record: Any,
         kind: str | None = None,
         offset: int | None = None,
+        cursor: str | None = None,
     ) -> None:
+        """One line. ``cursor`` (``tail``: the cursor that resumes right after this record)
+        is a field with ``--json`` and, given, the first word of a text line."""
         text = to_json(record)
         if self.as_json:
             head: dict[str, Any] = {"lsn": lsn, "log": log, "segment": segment}
@@ -40,6 +43,8 @@ class RecordWriter:
                 head["offset"] = offset
             if kind is not None:
                 head["kind"] = kind
+            if cursor is not None:
+                head["cursor"] = cursor
             head["commit_time"] = iso_time(commit_us)
             # The record's JSON is already text: splice it in rather than parse it back.
             prefix = json.dumps(head, separators=(",", ":"))[:-1]
@@ -48,5 +53,6 @@ class RecordWriter:
             where = f"{log}:{segment}"
             lsn_text = "-" if lsn is None else str(lsn)
             kind_text = f"  {kind:<8}" if kind is not None else ""
-            self.stream.write(f"{lsn_text:>10}  {where:<8}{kind_text}  {fmt_time(commit_us)}  {text}\n")
+            cursor_text = f"{cursor}  " if cursor is not None else ""
+            self.stream.write(f"{cursor_text}{lsn_text:>10}  {where:<8}{kind_text}  {fmt_time(commit_us)}  {text}\n")
         self.written += 1

@@ -4,7 +4,9 @@ Every log with its seq, state, segments, bytes, records, LSN range and commit-ti
 CURRENT; the writer lock or lease holder (read, never taken); the format version; where a
 restore would start and how far it reaches (its last LSN and commit time: on a secondary,
 what a failover to it keeps). Reads every batch header and checksum, but decodes no app record
-(``verify`` does that). Exit status 0 whatever it finds; damage is summarised at the end.
+(``verify`` does that). Damage is summarised at the end. Exit status 0 when there is no
+damage (warnings, such as a damaged CURRENT, do not count), 1 when there is a torn tail or
+corruption (``verify`` says where), 2 when there is no log at URL.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 from .._destination_check import inspect_destination
 from .._destination_report import DestinationReport, Progress
 from .._lock_holder import Holder
-from ._console import EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
+from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
 from ._options import open_log
 
 EXAMPLES = """\
@@ -54,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
         line.done()
         dest.close()
     if args.json:
-        print_json(report_json(report))
+        out = report_json(report)
+        out["ok"] = report.clean
+        print_json(out)
     else:
         print_report(report)
-    return EXIT_OK
+    return EXIT_OK if report.clean else EXIT_DAMAGED
 
 
 def report_json(report: DestinationReport) -> dict[str, Any]:

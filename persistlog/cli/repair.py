@@ -2,7 +2,10 @@
 
 A torn tail (the end of a log a crash left unfinished) is repaired safely: the segment is
 copied into the destination's broken/ directory (which readers never look into) and
-truncated at its last intact batch. Nothing acknowledged is lost.
+truncated at its last intact batch. That loses nothing a restore reads: the plan names the
+records of the unfinished batch, which a restore drops as well (never durable if a crash
+left it; a file cut short after a clean close looks the same). A log that ends before the
+next log starts lost its end: that is corruption, and the plan counts the records missing.
 
 Corruption is refused unless --force is given; the plan printed first says what forcing
 would lose (records and bytes). A forced repair cuts the log at the first damage that
@@ -77,8 +80,12 @@ def run(args: argparse.Namespace) -> int:
 
 def loss_text(plan: RepairPlan) -> str:
     records = plural(plan.records_lost, "record")
+    if plan.damaged_records or plan.unknown_records:
+        records += " in intact batches"
+    if plan.damaged_records:
+        records += f", plus {plural(plan.damaged_records, 'record')} in the damage (unreadable already)"
     if plan.unknown_records:
-        records += " in intact batches, plus whatever the damaged bytes held"
+        records += ", plus whatever the damaged bytes held" if not plan.damaged_records else " and whatever else"
     text = f"{records}, {fmt_bytes(plan.bytes_lost)}"
     if plan.lost_from_lsn is not None:
         text += f"; every LSN from {plan.lost_from_lsn} on"

@@ -3,20 +3,31 @@
 Like a follower, it starts from the newest complete log (so the first lines are that
 log's enumeration) and then prints each batch once the writer has written it. Without -f
 it prints what exists and exits; with -f it keeps following, across rotations, until
-interrupted, and then prints the cursor it stopped at (resume with --cursor); a log that
-is not there yet is waited for, unless none can be made there (a regular file, a missing
-bucket: exit status 2). Lines carry LSN, log, segment, commit time and the record;
-followers see batches, not record kinds.
+interrupted; a log that is not there yet is waited for, unless none can be made there (a
+regular file, a missing bucket: exit status 2). Lines carry LSN, log, segment, commit time
+and the record; followers see batches, not record kinds.
+
+Every record has its own cursor, the one that resumes right after it: the "cursor" field
+with --json, the first word of the line with --with-cursor. A consumer that saves the
+cursor of each line it has finished, and restarts tail with --cursor set to it, gets every
+record exactly once. When tail -f stops it names the cursor after the last record it wrote
+to stdout: lines still in a pipe had not reached the consumer, so resume from the
+consumer's own cursor. A cursor that does not point at a batch of the log (not one tail
+printed) is refused with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 import threading
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
-from .._follower import Follower, follow
+from .._follower import Cursor, Follower, follow
 from ._console import EXIT_OK, error
 from ._options import UsageError, open_log, parse_storage_options
 from ._records import RecordWriter
@@ -27,6 +38,10 @@ examples:
   persistlog tail -f /var/lib/app/state --from-lsn 1000000
   persistlog tail -f s3://bucket/app --interval 2 --json | jq -c .record
   persistlog tail -f /var/lib/app/state --cursor 12:3:40960:1000417
+  persistlog tail -f /var/lib/app/state --with-cursor |
+      while read -r cursor lsn where day time utc record; do   # restart: --cursor "$(cat app.cursor)"
+          handle "$record" && echo "$cursor" > app.cursor || break
+      done
 """
 
 
@@ -42,7 +57,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="keep following until interrupted")
     p.add_argument("--from-lsn", type=int, default=0, metavar="N", help="only print records with LSN >= N")
     p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS", help="poll interval with -f (default 0.2)")
-    p.add_argument("--cursor", metavar="CURSOR", help="resume after a cursor printed by an earlier tail -f")
+    p.add_argument("--cursor", metavar="CURSOR", help="resume right after the record a cursor printed by tail belongs to")
+    p.add_argument(
+        "--with-cursor", action="store_true",
+        help="start each text line with the record's cursor (--json always has it, as \"cursor\")",
+    )
     p.set_defaults(run=run)
 
 
@@ -83,26 +102,132 @@ def run(args: argparse.Namespace) -> int:
     if not args.follow:
         watcher = threading.Thread(target=_stop_when_caught_up, args=(follower, finished), daemon=True)
         watcher.start()
-    try:
-        for fb in follower:
-            cursor = fb.cursor
-            for i, record in enumerate(fb.records):
-                lsn = fb.first_lsn + i
-                if lsn >= args.from_lsn:
-                    writer.write(
-                        lsn=lsn, log=cursor.log, segment=cursor.segment,
-                        commit_us=round(fb.commit_time * 1e6), record=record,
-                    )
-            if args.follow:
-                sys.stdout.flush()
-    finally:
-        finished.set()
-        follower.stop()
-        if watcher is not None:
-            watcher.join()
-        if args.follow and follower.cursor is not None:
-            error(f"stopped at cursor {follower.cursor} (resume with --cursor {follower.cursor})")
+    # The last record handed to stdout (or passed over by --from-lsn) and its cursor.
+    last: tuple[int, Cursor] | None = None
+    closed = failed = False
+    guard = Interrupts(enabled=args.follow)
+    with guard.installed():
+        try:
+            for fb in follower:
+                for i, record in enumerate(fb.records):
+                    lsn = fb.first_lsn + i
+                    cursor = fb.record_cursor(lsn)
+                    guard.writing = True
+                    if lsn >= args.from_lsn:
+                        writer.write(
+                            lsn=lsn, log=fb.cursor.log, segment=fb.cursor.segment,
+                            commit_us=round(fb.commit_time * 1e6), record=record,
+                            cursor=str(cursor) if args.json or args.with_cursor else None,
+                        )
+                    last = lsn, cursor
+                    guard.written()
+                if args.follow:
+                    guard.flush()
+        except BrokenPipeError:
+            closed = True
+            raise
+        except Exception:
+            failed = True  # a bad cursor, damage: the error says why; a cursor only if one is due
+            raise
+        finally:
+            finished.set()
+            follower.stop()
+            if watcher is not None:
+                watcher.join()
+            if args.follow and not (failed and last is None):
+                closed = closed or (not guard.forced and not guard.flush(final=True))
+                error(stop_message(last, args.cursor, closed, guard.forced))
     sys.stdout.flush()
     if follower.cursor is None and not args.follow:
         error(f"no log at {args.url}")
     return EXIT_OK
+
+
+class Interrupts:
+    """Ctrl-C during ``tail -f``, made exact: between lines it stops tail at once; while a
+    line is written (``writing``) it takes effect once the line is out and its record noted
+    (:meth:`written`), so that the stop message names exactly the last record written. A
+    second Ctrl-C while a write is stuck (the reader stopped reading, the pipe is full)
+    stops at once (``forced``)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.writing = False
+        self.pending = False
+        self.forced = False
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.writing and not self.pending:
+            self.pending = True
+            return
+        self.forced = self.writing
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        if not self.enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def written(self) -> None:
+        """A line is out and its record noted: a Ctrl-C that came meanwhile stops tail now."""
+        self.writing = False
+        self._stop_if_asked()
+
+    def _stop_if_asked(self) -> None:
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+    def flush(self, final: bool = False) -> bool:
+        """Flush stdout as a line is written. Its reader gone (a closed pipe) raises
+        ``BrokenPipeError``, a second Ctrl-C while it is stuck ``KeyboardInterrupt``; the
+        ``final`` flush, as tail stops, raises neither and returns False for them."""
+        self.writing = True
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            if not final:
+                raise
+            return False
+        except KeyboardInterrupt:
+            self.forced = True
+            if not final:
+                raise
+            return False
+        finally:
+            self.writing = False
+        if not final:
+            self._stop_if_asked()
+        return True
+
+
+def stop_message(last: tuple[int, Cursor] | None, started: str | None, closed: bool, forced: bool = False) -> str:
+    """What ``tail -f`` says when it stops: which record its cursor follows, and that a
+    consumer resumes from the cursor of the last line it finished, not from this one."""
+    if last is None and not forced:
+        where = f"resume with --cursor {started}" if started else "start again without --cursor"
+        return f"stopped before writing any record: {where}"
+    if forced:
+        after = f" after LSN {last[0]}" if last is not None else ""
+        return (
+            f"stopped while writing to stdout{after} (its reader was not reading): the lines that "
+            "reached it are unknown here: resume with the cursor of the last line it finished"
+        )
+    assert last is not None
+    lsn, cursor = last
+    if closed:
+        return (
+            f"stopped: stdout was closed by its reader; LSN {lsn} was the last record written to it, "
+            "but what the reader took is unknown here: resume with the cursor of the last line it finished"
+        )
+    return (
+        f"stopped after LSN {lsn}, the last record written to stdout: --cursor {cursor} resumes right "
+        "after it. Lines still in a pipe had not reached the consumer: to resume after the last line "
+        "the consumer finished, use that line's cursor (--json: \"cursor\", text: --with-cursor)"
+    )

@@ -4,8 +4,11 @@ Checks every segment header, every batch's header and payload checksums, decodes
 record, and checks the seq chain between logs, the LSN chain through segments and logs,
 log headers, seals and CURRENT. It reads past damage to find all of it, and reports each
 torn tail (a crash artefact restore drops) and each corruption (restore refuses it) with
-its log, segment and byte offset. Exit status 0 when clean, 1 when damaged, 2 when it
-cannot check (no log there, or a batch needs a package that is not installed).
+its log, segment and byte offset. A torn tail is the unfinished last batch of a log that
+was never sealed, where nothing later says more was written; a log that ends before the
+next one starts lost its end, which is corruption. Exit status 0 when clean, 1 when
+damaged, 2 when it cannot check (no log there, or a batch needs a package that is not
+installed).
 """
 
 from __future__ import annotations
@@ -87,14 +90,21 @@ def print_verdict(report: DestinationReport, damaged: bool) -> None:
             print(f"    and then {more}")
     torn, corrupt = report.torn, report.corrupt
     if corrupt:
+        start = report.restore_from
+        read = any(p.log is None or start is None or p.log >= start for p in corrupt)
+        effect = (
+            "Restore refuses corruption" if read
+            else f"A restore starts at log {start} and reads none of it (only older history is damaged)"
+        )
         print(
             f"DAMAGED: {plural(len(corrupt), 'corruption')}, {plural(len(torn), 'torn tail')}. "
-            "Restore refuses corruption; see persistlog repair --dry-run."
+            f"{effect}; see persistlog repair --dry-run."
         )
     elif torn:
         print(
-            f"{'DAMAGED' if damaged else 'ok'}: {plural(len(torn), 'torn tail')} left by a crash "
-            "(restore drops it; persistlog repair truncates it)."
+            f"{'DAMAGED' if damaged else 'ok'}: {plural(len(torn), 'torn tail')}: a log never sealed ends in an "
+            "unfinished batch, as a crash leaves it (a file cut short after a clean close looks the same); "
+            "restore drops it, persistlog repair truncates it (--dry-run names its records)."
         )
     else:
         print("clean")

@@ -170,9 +170,12 @@ def test_an_interrupted_retention_is_a_warning_not_corruption(logdir: str, expec
 
 
 def test_a_middle_log_cut_short_is_still_corruption(logdir: str) -> None:
-    _drop_last_segment(logdir, 2)
+    """A log that is not the oldest, ending (unsealed) before the next one starts, lost its
+    end: the damage is located in it, with the LSNs the next log says are missing."""
+    kept = _drop_last_segment(logdir, 2)
     run = cli("verify", logdir)
-    assert run.status == 1 and "CORRUPT: log 3" in run.out and "expected" in run.out, run.out
+    assert run.status == 1 and f"CORRUPT: log 2 segment {kept}" in run.out, run.out
+    assert "are missing from its end" in run.out and "only older history is damaged" in run.out
 
 
 def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: str) -> None:
@@ -216,7 +219,7 @@ def test_every_command_as_a_child_process(logdir: str) -> None:
     statuses reach the shell."""
     tear_newest(logdir)
     info = cli_subprocess("info", logdir, "--json")
-    assert info.status == 0 and json.loads(info.out)["torn"] == 1
+    assert info.status == 1 and json.loads(info.out)["torn"] == 1
     dump = cli_subprocess("dump", logdir, "--json", "--log", "3")
     assert dump.status == 0 and all(json.loads(line)["log"] == 3 for line in dump.out.splitlines())
     tail = cli_subprocess("tail", logdir, "--json")
@@ -289,7 +292,7 @@ def test_tail_prints_what_a_follower_sees_and_exits(logdir: str) -> None:
     state, result = restore_state(logdir)
     assert len(rows) == result.records and rows[-1]["lsn"] == result.last_lsn
     assert {r["log"] for r in rows} == {3}
-    assert set(rows[0]) == {"lsn", "log", "segment", "commit_time", "record"}
+    assert set(rows[0]) == {"lsn", "log", "segment", "cursor", "commit_time", "record"}
 
 
 def test_tail_stops_at_corruption_with_status_1(logdir: str) -> None:
@@ -331,9 +334,13 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
                 break
         assert seen is not None and seen["record"] == {"op": "put", "key": "arrived", "value": "later"}
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+        rest, err = proc.communicate(timeout=20)
         assert proc.returncode == 130
-        assert "stopped at cursor" in err
+        # The stop message names the last line written and its cursor, and says a consumer
+        # resumes from the cursor of the last line it finished instead.
+        last = json.loads(rest.splitlines()[-1]) if rest.strip() else seen
+        assert f"stopped after LSN {last['lsn']}, the last record written to stdout" in err
+        assert f"--cursor {last['cursor']} resumes right after it" in err and "that line's cursor" in err
     finally:
         if proc.poll() is None:
             proc.kill()

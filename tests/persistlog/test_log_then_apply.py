@@ -168,6 +168,8 @@ def test_an_app_holding_its_lock_across_update_gets_enumeration_stalled_not_a_ha
             log.update({"op": "put", "key": "k5", "value": 5})
             state["k5"] = 5
     assert "k5" not in state and log.next_lsn >= before
+    # With the app's lock free, the enumeration goes on and the rotation completes.
+    wait_until(lambda: log.stats()["rotations"] == 2)
     with lock:
         log.update({"op": "put", "key": "k6", "value": 6})
         state["k6"] = 6
