@@ -11,7 +11,7 @@ in memory.
 See README.md for the guarantees of each durability mode and docs/FORMAT.md for the bytes.
 """
 
-from ._api import open, restore
+from ._api import OpenOptions, StoreOptions, open, restore
 from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
 from ._errors import (
@@ -60,10 +60,12 @@ __all__ = [
     "LogFailedError",
     "LogNotFoundError",
     "MissingDependencyError",
+    "OpenOptions",
     "PersistLogError",
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",
+    "StoreOptions",
     "TornTail",
     "WriterConflict",
     "follow",

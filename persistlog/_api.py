@@ -9,7 +9,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
@@ -29,6 +29,39 @@ DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
 DEFAULT_BATCH_BYTES = 1024 * 1024
 LEASE_TTL = 30.0
+
+
+class StoreOptions(TypedDict, total=False):
+    """The keyword options of :func:`open` that ``ResourceStore.open`` passes on (it sets
+    ``replay_batch`` and ``concurrent_enumeration`` itself): named, so that a type checker
+    catches a misspelt one."""
+
+    durability: str
+    rotate_bytes: int | None
+    rotate_records: int | None
+    rotate_interval: float | None
+    retain: int
+    rotate_on_signal: int | None
+    metadata: Any
+    codec: Codec | None
+    storage_options: dict[str, Any] | None
+    compression: str | None
+    on_error: Callable[[BaseException], None] | None
+    secondaries: list[str | os.PathLike[str] | tuple[str | os.PathLike[str], dict[str, Any] | None]] | None
+    segment_bytes: int
+    batch_bytes: int
+    flush_interval: float | None
+    lease_ttl: float
+    recovery: str
+    discard_existing: bool
+
+
+class OpenOptions(StoreOptions, total=False):
+    """Every keyword option of :func:`open` (what ``open_async`` takes too)."""
+
+    replay: Callable[[Any], Any] | None
+    replay_batch: Callable[[list[Any]], Any] | None
+    concurrent_enumeration: bool
 
 
 # Where restore() left each destination in this process: key -> (newest log seq, next LSN).
@@ -303,4 +336,4 @@ def _take_writer_lock(dest: Destination, writer_id: str, ttl: float) -> WriterLo
         raise DestinationError(f"cannot open {dest.url} for writing: {e}") from e
 
 
-__all__ = ["open", "restore"]
+__all__ = ["OpenOptions", "StoreOptions", "open", "restore"]

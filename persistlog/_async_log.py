@@ -20,9 +20,9 @@ import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ._api import open, restore
+from ._api import OpenOptions, open, restore
 from ._log import Log
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
@@ -301,7 +301,7 @@ def _consume(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-async def open_async(url: str, enumerate_all: EnumerateAll, **options: Any) -> AsyncLog:
+async def open_async(url: str, enumerate_all: EnumerateAll, **options: Unpack[OpenOptions]) -> AsyncLog:
     """Open the log at ``url`` for writing from an event loop; returns an :class:`AsyncLog`.
 
     Takes the same options as :func:`persistlog.open` (``durability``, triggers,

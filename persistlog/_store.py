@@ -14,15 +14,18 @@ position is always a tuple or frozenset.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
-from ._api import open
+from ._api import StoreOptions, open
 from ._log import Log
 from ._restore import RestoreResult
+
+log = logging.getLogger("persistlog")
 
 
 def _key_from_record(key: Any) -> Any:
@@ -69,22 +72,28 @@ class ResourceStore(MutableMapping[Any, Any]):
         self.restored: RestoreResult | None = None
 
     @classmethod
-    def open(cls, url: str | os.PathLike[str], **options: Any) -> ResourceStore:
+    def open(cls, url: str | os.PathLike[str], **options: Unpack[StoreOptions]) -> ResourceStore:
         """Restore the store from ``url`` (a string or an ``os.PathLike``) and open its log
         for writing.
 
         ``options`` are those of :func:`persistlog.open` (``durability``, triggers,
-        ``storage_options``, ``codec``...); ``recovery`` is passed to the restore.
+        ``storage_options``, ``codec``...; :class:`StoreOptions` names them for type
+        checkers); ``recovery`` is passed to the restore. A location that holds no log yet
+        is created, and the log says so (``logging``, INFO).
         """
         store = cls()
-        if "concurrent_enumeration" in options:
-            raise TypeError(
-                "ResourceStore.open() takes no concurrent_enumeration: the store holds its lock "
-                "across each update and each emit, so its enumerations always run beside updates"
-            )
+        for own in ("concurrent_enumeration", "replay", "replay_batch"):
+            if own in options:
+                raise TypeError(
+                    f"ResourceStore.open() takes no {own}: the store restores itself, and holds its "
+                    "lock across each update and each emit, so its enumerations run beside updates"
+                )
         # The concurrency contract, kept by the store's lock: enumerations run beside updates.
-        options["concurrent_enumeration"] = True
-        store._log = open(url, store._enumerate, replay_batch=store._apply_batch, **options)
+        store._log = open(
+            url, store._enumerate, replay_batch=store._apply_batch, concurrent_enumeration=True, **options
+        )
+        if store._log.restored is not None and not store._log.restored.found:
+            log.info("ResourceStore: no log at %s yet; a new one was created there", store._log.url)
         store.restored = store._log.restored
         return store
 

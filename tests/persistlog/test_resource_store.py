@@ -3,7 +3,9 @@ concurrent writers with rotations, and compound operations."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from typing import Any
 
 import pytest
 from kv_app import restore_state
@@ -95,3 +97,15 @@ def test_resource_store_compound_operations_are_atomic(log_dir: str) -> None:
     assert len(store) == 0
     store.close()
     assert restore_state(log_dir)[0] == {}
+
+
+def test_opening_a_new_location_says_it_creates_one(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A mistyped path must not pass silently for an empty store: the log says it is new."""
+    caplog.set_level(logging.INFO, logger="persistlog")
+    store = persistlog.ResourceStore.open(str(tmp_path / "typo"))
+    store.close()
+    assert any("no log at" in r.getMessage() and "a new one was created" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    store = persistlog.ResourceStore.open(str(tmp_path / "typo"))
+    store.close()
+    assert not any("a new one was created" in r.getMessage() for r in caplog.records)

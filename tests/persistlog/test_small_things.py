@@ -69,6 +69,7 @@ def test_the_installed_package_is_typed_for_users_scripts(tmp_path: pathlib.Path
             store = persistlog.ResourceStore.open("/tmp/x")
             lsn: int = store.log.update({"a": 1})
             wrong: str = store.log.update({"a": 1})
+            typo = persistlog.ResourceStore.open("/tmp/x", durabilty="fsync")
             """
         )
     )
@@ -79,7 +80,9 @@ def test_the_installed_package_is_typed_for_users_scripts(tmp_path: pathlib.Path
     )
     assert "import-not-found" not in proc.stdout and "import-untyped" not in proc.stdout, proc.stdout
     assert 'app.py:6: error: Incompatible types in assignment (expression has type "int", variable has type "str")' in proc.stdout
-    assert "Found 1 error" in proc.stdout, proc.stdout
+    # A misspelt option of ResourceStore.open is a type error, not an Any that passes.
+    assert 'app.py:7: error: Unexpected keyword argument "durabilty"' in proc.stdout, proc.stdout
+    assert "Found 2 errors" in proc.stdout, proc.stdout
 
 
 def test_the_readme_codec_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
@@ -98,3 +101,13 @@ def test_the_readme_codec_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> Non
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0 and "Success" in proc.stdout, proc.stdout
+
+
+def test_the_named_options_are_exactly_opens_keyword_options() -> None:
+    """OpenOptions (open_async's) and StoreOptions (ResourceStore.open's) cannot drift
+    from open()'s signature."""
+    import inspect
+
+    keywords = {n for n, p in inspect.signature(persistlog.open).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    assert set(persistlog.OpenOptions.__annotations__) == keywords
+    assert set(persistlog.StoreOptions.__annotations__) == keywords - {"replay", "replay_batch", "concurrent_enumeration"}
