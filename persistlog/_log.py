@@ -235,7 +235,10 @@ class Log:
         self._failed: BaseException | None = None
         self._closed = False
         self._let_go = False  # the writer, secondaries and lock were let go
-        self._sync_each = settings.durability == "fsync"
+        # On an object store a batch reaches storage only with the PUT of a segment object:
+        # there flush mode waits for that PUT as fsync mode does, through the group commit
+        # (concurrent callers share one PUT), so that it survives a process crash.
+        self._sync_each = settings.durability == "fsync" or (settings.durability == "flush" and not dest.appendable)
         # update() hands its batch over once its LSN reaches this: at once in flush and
         # fsync modes, else at the record-count trigger's LSN (the rotator arms it), so that
         # a trigger is seen after the batch that crosses it, not at the next timer tick.
