@@ -153,7 +153,12 @@ class Destination(abc.ABC):
 
     @abc.abstractmethod
     def create(self, name: str, data: bytes) -> None:
-        """Write a new file whole and durably; ``FileExistsError`` if it already exists."""
+        """Write a new file whole and durably; ``FileExistsError`` if it already exists.
+
+        Of two writers creating the same name, at most one succeeds (where the storage has
+        conditional writes: a local link, S3's ``If-None-Match``): writers rely on it to
+        fence one another out of a log, so a driver must never overwrite here.
+        """
 
     @abc.abstractmethod
     def replace(self, name: str, data: bytes) -> None:

@@ -5,7 +5,8 @@ Nothing is ever modified in place: every write is one whole object (one PUT). On
 each operation is exactly one request it controls:
 
 * create-only writes are ``PutObject`` with ``If-None-Match: *`` (AWS S3 and moto honour
-  it; an S3-compatible store that ignores it silently loses create-only semantics);
+  it; an S3-compatible store that ignores it silently loses create-only semantics, and with
+  them the fence by which a writer taking over shuts out the one before it);
 * listings are ``ListObjectsV2`` with ``Prefix``, ``Delimiter`` and ``StartAfter``, paged
   by continuation token, never cached, so a poll of an idle log costs one request;
 * the lease is taken over and renewed with ``If-Match`` on the previous ETag, so two

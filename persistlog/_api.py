@@ -22,6 +22,7 @@ from ._log import Log, LogSettings, destination_at, release_writer_lock
 from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._rotation import EnumerateAll
+from ._segment_writer import fence_newest_log
 
 log = logging.getLogger("persistlog")
 
@@ -245,6 +246,13 @@ def open(
     writer_lock = _take_writer_lock(dest, writer_id, lease_ttl)
     restored = None
     try:
+        if not dest.appendable:
+            # The writer that held the lease before may be alive and about to write: its
+            # log is fenced before anything is read (docs/DESIGN.md, "One writer").
+            try:
+                fence_newest_log(dest, writer_id)
+            except OSError as e:
+                raise DestinationError(f"cannot fence the newest log at {dest.url}: {e}") from e
         if replay is not None or replay_batch is not None:
             # Under the writer lock: nothing can be written between the replay and the
             # new log that takes its place.

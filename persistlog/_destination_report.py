@@ -115,6 +115,9 @@ class LogInfo:
     header_end: tuple[int, int] | None = None
     complete_at: tuple[int, int] | None = None
     seal_at: tuple[int, int] | None = None
+    #: The writer that fenced the log (took the destination over while it was the newest
+    #: log, unsealed): the log ends at its fence segment. None when it has no fence.
+    fenced_by: str | None = None
     #: The file vanished while it was read (retention by a live writer): not damage.
     vanished: bool = False
     problems: list[Problem] = field(default_factory=list)
@@ -132,11 +135,13 @@ class LogInfo:
 
     @property
     def state(self) -> str:
-        """``sealed`` (complete and closed), ``complete``, ``incomplete`` or
-        ``incomplete, sealed`` (closed before its enumeration finished)."""
-        if self.complete:
-            return "sealed" if self.sealed else "complete"
-        return "incomplete, sealed" if self.sealed else "incomplete"
+        """``sealed`` (complete and closed), ``complete``, ``incomplete``, ``incomplete,
+        sealed`` (closed before its enumeration finished), or ``complete, fenced`` /
+        ``incomplete, fenced`` (ended by the fence of a writer that took over)."""
+        if self.sealed:
+            return "sealed" if self.complete else "incomplete, sealed"
+        base = "complete" if self.complete else "incomplete"
+        return f"{base}, fenced" if self.fenced_by is not None else base
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -155,6 +160,7 @@ class LogInfo:
             "last_commit_us": self.last_commit_us,
             "format_version": self.version,
             "writer": self.writer,
+            "fenced_by": self.fenced_by,
             "created_us": self.created_us,
             "vanished": self.vanished,
             "problems": [p.to_dict() for p in self.problems],

@@ -67,6 +67,13 @@ def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: i
     return frame(payload, len(records), F.KIND_CONTROL, next_lsn, commit_us)
 
 
+def fence_segment(seq: int, segment: int, first_lsn: int, writer: str, commit_us: int) -> bytes:
+    """A fence segment: segment ``segment`` of log ``seq``, starting at the LSN due
+    ``first_lsn``, holding one control batch with one ``fence`` record and nothing else."""
+    record = {"t": F.CONTROL_FENCE, "writer": writer, "created": commit_us}
+    return segment_header(seq, segment, first_lsn) + control_batch([record], first_lsn, commit_us)
+
+
 def seal_trailer(seal_offset: int) -> bytes:
     head = F.TRAILER.pack(F.TRAILER_MAGIC, seal_offset)
     return head + F.U32.pack(_crc32(head))

@@ -64,6 +64,9 @@ MAX_CBOR_DEPTH = 10_000
 CONTROL_HEADER = "header"
 CONTROL_COMPLETE = "complete"
 CONTROL_SEAL = "seal"
+# The one batch of a fence segment: a writer that took an object store over wrote it at the
+# next segment name of the newest log, so that the writer before it can add nothing there.
+CONTROL_FENCE = "fence"
 # Key of a log header set when the logs before this one at this destination do not chain
 # to it: the writer missed logs or records here (a secondary detached or behind).
 HEADER_AFTER_GAP = "after_gap"

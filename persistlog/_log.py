@@ -851,6 +851,12 @@ class Log:
         short at its next call."""
         try:
             op()
+        except FileExistsError as e:
+            # The segment name this writer takes next is taken: a writer that took the
+            # destination over fenced this log. Nothing of this write is acknowledged.
+            conflict = WriterConflict(f"another writer took {self.dest.url} over (its lease ran out?): {e}")
+            self._fail(conflict)
+            raise LogFailedError(f"writing to {self.dest.url} failed: {conflict}") from conflict
         except OSError as e:
             self._fail(e)
             raise LogFailedError(f"writing to {self.dest.url} failed: {e}") from e

@@ -185,6 +185,9 @@ class LogCheck:
                 info.snapshot_records = n if isinstance(n, int) else None
             elif t == F.CONTROL_SEAL:
                 info.seal_at = (segment, offset)
+            elif t == F.CONTROL_FENCE:
+                writer = c.get("writer")
+                info.fenced_by = writer if isinstance(writer, str) else "an unnamed writer"
 
 
 def _name(segments: list[tuple[int, str]], number: int) -> str:

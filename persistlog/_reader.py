@@ -122,6 +122,9 @@ class LogState:
     complete_lsn: int | None = None
     sealed: bool = False
     seal: dict[str, Any] | None = None
+    # The fence record that ends the log: a writer that took the destination over wrote
+    # it where this log's writer would have written its next segment.
+    fence: dict[str, Any] | None = None
     records: int = 0
     first_commit_us: int | None = None
     last_commit_us: int | None = None
@@ -333,9 +336,10 @@ class LogScanner:
             if st.after_gap:
                 break
             next_lsn = st.next_lsn
-            if st.sealed or st.torn is not None:
+            if st.sealed or st.torn is not None or st.fence is not None:
                 if index != last_index:
-                    self._corrupt("log continues after its seal or torn tail", self.segments[index + 1][1], 0)
+                    end = "fence" if st.fence is not None else "seal or torn tail"
+                    self._corrupt(f"log continues after its {end}", self.segments[index + 1][1], 0)
                 break
 
     def _scan_segment(
@@ -436,6 +440,11 @@ class LogScanner:
                 self._check_trailer(seg, batch, name)
                 st.position = (number, size)
                 return
+            if st.fence is not None:
+                if pos < size:
+                    self._corrupt("the fence batch is not the end of its segment", name, pos, size - pos)
+                st.position = (number, size)
+                return
 
     def _apply_controls(self, controls: list[dict[str, Any]], header: BatchHeader, name: str, pos: int) -> None:
         st = self.state
@@ -450,6 +459,8 @@ class LogScanner:
             elif t == F.CONTROL_SEAL:
                 st.sealed = True
                 st.seal = c
+            elif t == F.CONTROL_FENCE:
+                st.fence = c
             # Unknown control types are skipped: later minor versions may add hints.
 
     def _check_trailer(self, seg: SegmentBytes, batch: Batch, name: str) -> None:
@@ -567,11 +578,16 @@ def end_after_seal(
     if not logs:
         return 0, F.FIRST_LSN
     seq = max(logs)
-    number, _name = logs[seq][-1]
     if seal is not None:
         return seq, int(seal["next_lsn"])
-    scanner = LogScanner(dest, seq, logs[seq], start=(number, 0, None))
+    next_lsn = last_segment_state(dest, seq, logs[seq]).next_lsn
+    return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
+
+
+def last_segment_state(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> LogState:
+    """What a strict scan of the last of ``segments`` (of log ``seq``) finds: where the log
+    ends (``next_lsn``), and whether it is sealed or fenced there."""
+    scanner = LogScanner(dest, seq, segments, start=(segments[-1][0], 0, None))
     for _batch in scanner:
         pass
-    next_lsn = scanner.state.next_lsn
-    return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
+    return scanner.state

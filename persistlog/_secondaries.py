@@ -35,7 +35,7 @@ from . import _format as F
 from ._errors import WriterConflict
 from ._reader import end_of_logs, header_record, list_logs
 from ._retention import apply_retention
-from ._segment_writer import SegmentWriter, move_pointer, now_us, seal_batch, segment_writer
+from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
@@ -117,6 +117,10 @@ class Secondary:
         except LockHeld as e:
             raise WriterConflict(f"secondary {e}; a destination has one writer at a time") from e
         try:
+            if not self.dest.appendable:
+                # As the primary's opening does: the writer that held the lease before
+                # may still be about to write here (docs/DESIGN.md, "One writer").
+                fence_newest_log(self.dest, self.writer_id)
             self._end = end_of_logs(self.dest, list_logs(self.dest))
         except Exception as e:  # unknown end: the next log declares a gap, which is always safe
             log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)

@@ -8,6 +8,9 @@ Two strategies, picked by the destination's kind:
 * :class:`ObjectSegments` keeps batches in memory and writes each flush as a new immutable,
   create-only segment object, so an object store never sees an append or an overwrite.
 
+:func:`fence_newest_log` is what a writer taking an object store over writes before it reads
+anything: a fence segment at the name the writer before it would write next.
+
 Both are used under the Log's I/O lock: no method here is called concurrently.
 
 An exception that is not an ``OSError`` (a ``KeyboardInterrupt`` in the app's thread) can
@@ -28,8 +31,14 @@ from destinations import AppendFile, Destination
 
 from . import _encoder
 from . import _format as F
+from ._errors import WriterConflict
+from ._reader import last_segment_state, list_logs
 
 log = logging.getLogger("persistlog")
+
+#: How many times a writer taking an object store over looks again for the end of the
+#: newest log when segments keep landing there before its fence does.
+FENCE_ATTEMPTS = 10
 
 
 def now_us() -> int:
@@ -58,6 +67,46 @@ def move_pointer(dest: Destination, seq: int) -> bool:
         log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
         return False
     return True
+
+
+def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
+    """Make the newest log at an object store impossible to continue; returns the name of
+    the fence segment written (None when the newest log needs none, or there is no log).
+
+    Called by a writer that has just taken the destination's lease, before it reads what
+    is there. The writer that held the lease before (stopped, or cut off, past its lease)
+    may still be about to PUT the next segment of its log, and segment objects are written
+    create-only: a fence segment (docs/FORMAT.md) created at exactly that name makes that
+    PUT fail with ``FileExistsError``, which fails the other writer's Log instead of
+    acknowledging anything. If the other writer's segment lands first, the fence goes
+    after it, and the restore that follows reads it. A log ended already (sealed, or
+    fenced) takes nothing more; a sealed log's writer created its next log before
+    sealing it, so a listing after the seal was read shows that log if there is one.
+    """
+    for _ in range(FENCE_ATTEMPTS):
+        logs = list_logs(dest)
+        if not logs:
+            return None
+        seq = max(logs)
+        segments = logs[seq]
+        st = last_segment_state(dest, seq, segments)
+        if st.sealed or st.fence is not None:
+            now = list_logs(dest)
+            if not now or max(now) == seq:
+                return None
+            continue  # the writer before rotated meanwhile: fence its new log
+        assert st.next_lsn is not None  # a strict scan read the segment's header
+        number = segments[-1][0] + 1
+        name = F.segment_name(seq, number)
+        try:
+            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us()))
+        except FileExistsError:
+            continue  # the other writer's segment landed first: fence after it
+        log.info("fenced log %d at %s with %s: a writer before this one can add nothing to it", seq, dest.url, name)
+        return name
+    raise WriterConflict(
+        f"segments kept landing in the newest log at {dest.url} while this writer fenced it: another writer is active"
+    )
 
 
 class SegmentWriter:
@@ -250,7 +299,11 @@ class ObjectSegments(SegmentWriter):
             body += extra
         data = head + body + tail
         self._putting = (number, data, count, trailer)
-        self.dest.create(F.segment_name(self.seq, number), data)
+        name = F.segment_name(self.seq, number)
+        try:
+            self.dest.create(name, data)
+        except FileExistsError as e:
+            raise FileExistsError(f"{self.dest.url}/{name} exists already") from e
         self._put_done(number, len(data), count, trailer)
 
     def _put_done(self, number: int, size: int, count: int, seal: bool) -> None:

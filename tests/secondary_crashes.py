@@ -77,9 +77,13 @@ def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_
 
 def restart_and_crash_on_the_secondary(kind: str, tmp_path: Path, sec_url: str, acked: int) -> None:
     """A new writer restores the primary and opens with the secondary; the machine dies
-    right after that writer's first segment reached the secondary."""
+    right after that writer's first log segment reached the secondary (on an object store
+    its first segment object is the fence it puts after the dead writer's log)."""
     sim = CrashSim()
-    sim.crash_at("after:create segment" if kind == "local" else "after:put segment", label="secondary")
+    if kind == "local":
+        sim.crash_at("after:create segment", label="secondary")
+    else:
+        sim.crash_at("after:put segment", nth=2, label="secondary")
     url, so = sim.local(str(tmp_path / "primary"))
     state, _ = restore_state(url, storage_options=so)  # through the URL it then opens
     assert is_prefix(state) == acked

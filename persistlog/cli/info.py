@@ -158,6 +158,10 @@ def print_report(report: DestinationReport) -> None:
     for r in rows:
         cells = (cell.ljust(w) if i in left else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
         print("  ".join(cells).rstrip())
+    for lg in report.logs:
+        if lg.fenced_by is not None:
+            print(f"\nnote: log {lg.seq} ends at a fence: writer {lg.fenced_by} took the destination over "
+                  "from the writer of this log, which can add nothing to it")
     torn, corrupt = report.torn, report.corrupt
     for p in report.warnings:
         print(f"\nwarning: {p.reason}")

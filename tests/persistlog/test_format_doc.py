@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import cbor2
 import pytest
 
+from persistlog import _decoder, _encoder
 from persistlog import _format as F
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
@@ -117,6 +119,24 @@ def test_version_and_first_numbers() -> None:
 
 def test_control_record_names() -> None:
     records = section("Records")
-    for name in (F.CONTROL_HEADER, F.CONTROL_COMPLETE, F.CONTROL_SEAL):
+    for name in (F.CONTROL_HEADER, F.CONTROL_COMPLETE, F.CONTROL_SEAL, F.CONTROL_FENCE):
         assert f"| `{name}`" in records
     assert f"`{F.HEADER_AFTER_GAP}: true`" in records
+
+
+def test_fence_segment_is_the_bytes_the_doc_spells() -> None:
+    text = section("Fence segment")
+    assert [(o, w) for o, w, _f in table_rows(text)] == [(0, F.SEGMENT_HEADER_SIZE), (40, F.BATCH_HEADER_SIZE)]
+    assert re.search(r"^\| 80\s+\| n\s+\| payload", text, re.M)
+    data = _encoder.fence_segment(7, 3, 100, "host:1:ab", 1_769_000_000_000_000)
+    head = _decoder.parse_segment_header(data[:40])
+    assert (head.seq, head.segment, head.first_lsn) == (7, 3, 100)
+    batch = _decoder.parse_batch_header(data[40:80], 40)
+    assert (batch.kind, batch.count, batch.first_lsn) == (F.KIND_CONTROL, 1, 100)
+    assert batch.commit_us == 1_769_000_000_000_000
+    assert batch.stored_len == batch.raw_len == len(data) - 80  # no compression, nothing after it
+    spelled = ["A3", "61 74", "65 66 65 6E 63 65", "66 77 72 69 74 65 72", "67 63 72 65 61 74 65 64"]
+    assert all(f"`{group}`" in text for group in spelled)
+    expected = b"".join(bytes.fromhex(g) for g in spelled[:4]) + cbor2.dumps("host:1:ab")
+    expected += bytes.fromhex(spelled[4]) + cbor2.dumps(1_769_000_000_000_000)
+    assert data[80:] == expected
