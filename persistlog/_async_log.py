@@ -10,7 +10,7 @@ resolves every task waiting on it.
 
 Durability means what it means for ``Log.update``: in ``buffered`` mode ``await update()``
 returns once the record is in the Log's memory; in ``flush`` mode once its batch was
-written to the OS; in ``fsync`` mode (or with ``sync=True``) once it is durable.
+written to the OS (on an object store: once its segment object's PUT succeeded); in ``fsync`` mode (or with ``sync=True``) once it is durable.
 """
 
 from __future__ import annotations

@@ -312,7 +312,8 @@ class Log:
         that contains itself raises ``TypeError``, as any value CBOR cannot hold.
         In ``buffered`` mode (the default) the record reaches the OS within the flush
         interval (and at ``close()`` or the interpreter's exit); in ``flush`` mode before this
-        returns; in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
+        returns (on an object store: once the PUT of its segment object succeeded, shared
+        with concurrent callers); in ``fsync`` mode (or with ``sync=True``) it is durable before this returns,
         sharing one fsync with concurrent callers. A ``KeyboardInterrupt`` raised meanwhile
         propagates as itself: the record may or may not be logged, the Log stays usable.
         """
