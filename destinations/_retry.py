@@ -109,6 +109,9 @@ class RetryPolicy:
     tries: int = 6
     base: float = 0.05
     cap: float = 2.0
+    #: Seconds after the first attempt past which no retry starts: an unreachable endpoint
+    #: fails within about this long whatever ``tries`` says.
+    seconds: float = 20.0
     sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
     def delays(self) -> Iterator[float]:
@@ -123,17 +126,27 @@ class RetryPolicy:
         what: str,
         on_retry: Callable[[BaseException], None] | None = None,
     ) -> T:
-        """Run ``fn`` until it succeeds, fails permanently or runs out of tries."""
+        """Run ``fn`` until it succeeds, fails permanently, or runs out of tries or of
+        ``seconds``; the error of the last attempt is raised, and :func:`attempts_of` says
+        how many were made and for how long."""
         delays = self.delays()
+        started = time.monotonic()
+        tries = 0
         while True:
             try:
+                tries += 1
                 return fn()
             except Exception as e:
                 if not is_transient(e):
                     raise
                 delay = next(delays, None)
+                elapsed = time.monotonic() - started
+                if delay is not None and elapsed + delay > self.seconds:
+                    delay = None
                 if delay is None:
-                    logger.warning("%s: giving up after %d tries: %s", what, self.tries, e)
+                    attempts = "1 try" if tries == 1 else f"{tries} tries"
+                    logger.warning("%s: giving up after %s in %.1fs: %s", what, attempts, elapsed, e)
+                    e.add_note(f"gave up after {attempts} in {elapsed:.1f}s")
                     raise
                 logger.info("%s: transient error, retrying in %.3fs: %s", what, delay, e)
                 if on_retry is not None:

@@ -57,6 +57,26 @@ class PreconditionFailed(OSError):
     """A compare-and-swap write or delete found a different version than expected."""
 
 
+#: The storage option this driver reads itself: ``{"tries": n, "retry_seconds": s}``, how
+#: many attempts a request gets in all and the seconds after which no retry starts
+#: (defaults: ``RetryPolicy``'s, 6 and 20). The CLI's ``-o persistlog.tries=3`` sets it.
+OWN_OPTIONS = "persistlog"
+
+# What S3 clients get unless the storage options say otherwise: botocore and s3fs each
+# retry too, which multiplied the attempts of this driver's own policy (an unreachable
+# endpoint took minutes to fail). botocore makes one attempt with a bounded connect time;
+# this driver's policy does the retrying, with backoff and a time bound.
+_S3_CONFIG = {"retries": {"max_attempts": 1, "mode": "standard"}, "connect_timeout": 5}
+
+
+def _one_retry_layer(options: dict[str, Any]) -> None:
+    """Fill in ``_S3_CONFIG`` under ``config_kwargs`` where the options leave it unset."""
+    config = dict(options.get("config_kwargs") or {})
+    for key, value in _S3_CONFIG.items():
+        config.setdefault(key, value)
+    options["config_kwargs"] = config
+
+
 class ObjectStoreDestination(Destination):
     """A "directory" (key prefix) of immutable objects in an fsspec filesystem.
 
@@ -70,7 +90,17 @@ class ObjectStoreDestination(Destination):
         super().__init__(url, storage_options)
         protocol, rest = split_protocol(url)
         self.protocol = protocol
-        self.fs: fsspec.AbstractFileSystem = fsspec.filesystem(protocol, **self.storage_options)
+        fs_options = dict(self.storage_options)
+        # Read here, never passed to fsspec.
+        own = fs_options.pop(OWN_OPTIONS, None) or {}
+        if not isinstance(own, dict) or set(own) - {"tries", "retry_seconds"}:
+            raise ValueError(
+                f'storage option "{OWN_OPTIONS}" takes a dict with "tries" and "retry_seconds", not {own!r}'
+            )
+        tries, seconds = own.get("tries"), own.get("retry_seconds")
+        if protocol in ("s3", "s3a"):
+            _one_retry_layer(fs_options)
+        self.fs: fsspec.AbstractFileSystem = fsspec.filesystem(protocol, **fs_options)
         # Rebuilt with the normalised protocol: fsspec strips "s3://" but not "S3://".
         self.root: str = self.fs._strip_protocol(f"{protocol}://{rest}").rstrip("/")
         if not self.root.strip("/"):
@@ -86,6 +116,14 @@ class ObjectStoreDestination(Destination):
         # memory:// flushes are free; a remote PUT costs a request (and money).
         self.default_flush_interval = 0.05 if protocol == "memory" else 1.0
         self.retry_policy = RetryPolicy()
+        if tries is not None:
+            if not isinstance(tries, int) or isinstance(tries, bool) or tries < 1:
+                raise ValueError(f"{OWN_OPTIONS}.tries must be an integer >= 1, not {tries!r}")
+            self.retry_policy.tries = tries
+        if seconds is not None:
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
+                raise ValueError(f"{OWN_OPTIONS}.retry_seconds must be a number of seconds >= 0, not {seconds!r}")
+            self.retry_policy.seconds = float(seconds)
         #: Keys per LIST request on S3 (None: the store's default, 1000).
         self.list_page_size: int | None = None
         self._stats = dict.fromkeys(REQUEST_KINDS, 0)
@@ -118,7 +156,8 @@ class ObjectStoreDestination(Destination):
         except Exception as e:
             # Client-library errors (no credentials, an unreachable endpoint...) leave this
             # package as built-ins, as the Destination contract says.
-            raise OSError(f"{self}: {what}: {type(e).__name__}: {e}") from e
+            notes = "".join(f" ({note})" for note in getattr(e, "__notes__", ()))
+            raise OSError(f"{self}: {what}: {type(e).__name__}: {e}{notes}") from e
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{check_name(name)}"
