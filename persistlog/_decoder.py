@@ -317,6 +317,19 @@ def parse_trailer(buf: bytes | memoryview) -> int | None:
     return int(seal_offset)
 
 
+def parse_closed_note(buf: bytes) -> tuple[int, int] | None:
+    """(seq, next LSN) of the log CLOSED says a clean close sealed; None if it is damaged."""
+    if len(buf) != F.CLOSED_SIZE:
+        return None
+    body = buf[: F.CLOSED.size]
+    magic, version, _reserved, seq, next_lsn = F.CLOSED.unpack(body)
+    if magic != F.CLOSED_MAGIC or version != F.FORMAT_VERSION:
+        return None
+    if F.U32.unpack_from(buf, F.CLOSED.size)[0] != _crc32(body):
+        return None
+    return int(seq), int(next_lsn)
+
+
 def parse_pointer(buf: bytes) -> int | None:
     """The seq CURRENT names, or None if the pointer is damaged in any way."""
     if len(buf) != F.POINTER_SIZE:

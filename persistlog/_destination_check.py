@@ -106,6 +106,12 @@ def inspect_destination(
         if not info.vanished:
             previous = info
             oldest = oldest or info
+    if previous is not None:
+        # The newest log: lost its end if CLOSED says a clean close sealed it further on.
+        torn = any(p.kind == TORN for p in previous.problems)
+        newest_end = end_missing(dest, previous.seq, previous.next_lsn, previous.sealed, torn, None)
+        if newest_end is not None:
+            _lost_end(previous, *newest_end)
     report.records_checked = checked if check_records else None
     _decide_restore(report)
     _restore_reach(report)

@@ -82,3 +82,9 @@ def seal_trailer(seal_offset: int) -> bytes:
 def pointer(seq: int) -> bytes:
     head = F.POINTER.pack(F.POINTER_MAGIC, F.FORMAT_VERSION, 0, seq)
     return head + F.U32.pack(_crc32(head))
+
+
+def closed_note(seq: int, next_lsn: int) -> bytes:
+    """CLOSED: a clean close sealed log ``seq``, which ends before ``next_lsn``."""
+    head = F.CLOSED.pack(F.CLOSED_MAGIC, F.FORMAT_VERSION, 0, seq, next_lsn)
+    return head + F.U32.pack(_crc32(head))

@@ -31,6 +31,11 @@ POINTER_MAGIC = b"PLOGCURR"
 POINTER = struct.Struct("<8sHHQ")
 POINTER_SIZE = POINTER.size + 4  # 24
 
+# CLOSED: magic, version, reserved, seq of the log a clean close sealed, its next LSN, CRC-32.
+CLOSED_MAGIC = b"PLOGCLSD"
+CLOSED = struct.Struct("<8sHHQQ")
+CLOSED_SIZE = CLOSED.size + 4  # 32
+
 U32 = struct.Struct("<I")
 
 # Batch flags.
@@ -79,6 +84,7 @@ FIRST_SEQ = 1
 
 # Names at a destination.
 CURRENT_NAME = "CURRENT"
+CLOSED_NAME = "CLOSED"
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{10})\.plog$")
 SEQ_DIGITS = 20
 SEGMENT_DIGITS = 10

@@ -52,7 +52,7 @@ from ._group_commit import GroupCommit
 from ._restore import RestoreResult
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._secondaries import Secondary
-from ._segment_writer import ObjectSegments, SegmentWriter, now_us, seal_batch, segment_writer
+from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
 
@@ -1008,6 +1008,7 @@ class Log:
                     self._write_pending(flush=False)
                     self._seal(self._sw, self._written_lsn)
                     self._durable_lsn = self._written_lsn
+                    note_closed(self.dest, self._seq, self._written_lsn)
             except Exception:
                 self._let_everything_go()
                 raise

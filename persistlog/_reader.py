@@ -24,6 +24,7 @@ from ._decoder import (
     check_payload,
     control_records,
     parse_batch_header,
+    parse_closed_note,
     parse_pointer,
     parse_segment_header,
     parse_trailer,
@@ -168,6 +169,16 @@ def read_pointer(dest: Destination) -> int | None:
     if seq is None:
         log.warning("%s/CURRENT is damaged; falling back to listing", dest.url)
     return seq
+
+
+def closed_end(dest: Destination, seq: int) -> int | None:
+    """The next LSN of log ``seq`` if CLOSED says a clean close sealed it there (a file
+    that is missing, damaged or names another log says nothing)."""
+    try:
+        note = parse_closed_note(dest.read(F.CLOSED_NAME, 0, F.CLOSED_SIZE + 1))
+    except OSError:
+        return None
+    return note[1] if note is not None and note[0] == seq else None
 
 
 def header_record(batch: bytes, offset: int = F.SEGMENT_HEADER_SIZE) -> dict[str, Any] | None:

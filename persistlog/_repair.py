@@ -43,6 +43,7 @@ from . import _format as F
 from ._errors import DestinationError, WriterConflict
 from ._destination_check import inspect_destination
 from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
+from ._reader import closed_end
 
 log = logging.getLogger("persistlog")
 
@@ -411,6 +412,11 @@ def _execute(dest: LocalDestination, plan: RepairPlan, result: RepairResult) -> 
             dest.replace(F.CURRENT_NAME, _encoder.pointer(a.target))
         elif a.kind == REMOVE_CURRENT:
             dest.delete(F.CURRENT_NAME)
+    # CLOSED says where a clean close ended the newest log; a repair that cuts logs makes
+    # that untrue for a log it cuts, which every later check would find missing again.
+    cut = {a.log for a in plan.actions if a.kind in (MOVE_LOG, MOVE_SEGMENT, TRUNCATE) and a.log is not None}
+    if cut and any(closed_end(dest, seq) is not None for seq in cut):
+        dest.delete(F.CLOSED_NAME)
     by_seq = {lg.seq: lg for lg in plan.report.logs}
     # The plan lists newest material first for a cut, so an interrupted repair leaves a
     # prefix of the destination that a second run finishes.

@@ -28,6 +28,7 @@ from ._reader import (
     LogState,
     Skipped,
     TornTail,
+    closed_end,
     declares_gap,
     list_logs,
     log_header,
@@ -127,46 +128,55 @@ def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -
 
 def end_missing(
     dest: Destination, seq: int, next_lsn: int | None, sealed: bool, torn: bool,
-    next_segments: list[tuple[int, str]],
+    next_segments: list[tuple[int, str]] | None,
 ) -> tuple[int, str] | None:
-    """``(first LSN of log seq+1, why)`` when log ``seq`` lost its end: it is not sealed, it
-    ends at ``next_lsn`` (after the torn tail, if ``torn``, is dropped), and log seq+1, made
-    of ``next_segments``, starts at a later LSN without declaring a gap. None otherwise.
+    """``(LSN log seq should end before, why)`` when log ``seq`` lost its end: it is not
+    sealed, it ends at ``next_lsn`` (after the torn tail, if ``torn``, is dropped), and
+    either log seq+1, made of ``next_segments``, starts at a later LSN without declaring a
+    gap, or (``next_segments`` None: log ``seq`` is the newest) CLOSED says a clean close
+    sealed it at a later LSN. None otherwise.
 
     A crash leaves its log unsealed, even ending in an unfinished batch, but a later writer
     starts its log where the intact part ends, and a rotation writes the old log's records
     out before it creates the next: a later log that starts further on says this log's
     records up to there were written, so what is missing is damage (a file cut short, a
-    segment lost), not a crash's torn tail. Reads the next log's header batch only.
+    segment lost), not a crash's torn tail. So is a newest log that a clean close sealed
+    and that now ends without its seal, before where the close said it ended. Reads the
+    next log's header batch, or CLOSED, only.
     """
     if sealed or next_lsn is None:
         return None
-    header = log_header(dest, next_segments)
-    first = header.get("first_lsn") if header is not None else None
-    if header is None or header.get(HEADER_AFTER_GAP) is True or not isinstance(first, int) or first <= next_lsn:
+    if next_segments is None:
+        first = closed_end(dest, seq)
+        evidence = f"the clean close that sealed it says it ends before LSN {first}"
+    else:
+        header = log_header(dest, next_segments)
+        got = header.get("first_lsn") if header is not None else None
+        first = got if header is not None and header.get(HEADER_AFTER_GAP) is not True and isinstance(got, int) else None
+        evidence = f"log {seq + 1} starts at LSN {first}"
+    if first is None or first <= next_lsn:
         return None
     how = "its last batch cut short" if torn else "without its seal"
     if first == next_lsn + 1:
         lost = f"LSN {next_lsn} (1 record) is"
     else:
         lost = f"LSNs {next_lsn}..{first - 1} ({first - next_lsn} records) are"
-    return first, (
-        f"log {seq} stops before LSN {next_lsn} ({how}), but log {seq + 1} starts at LSN {first}: "
-        f"{lost} missing from its end"
-    )
+    return first, f"log {seq} stops before LSN {next_lsn} ({how}), but {evidence}: {lost} missing from its end"
 
 
 def _check_end(
-    dest: Destination, p: ReplayPlan, st: LogState, next_seq: int, recovery: str
+    dest: Destination, p: ReplayPlan, st: LogState, next_seq: int | None, recovery: str
 ) -> int | None:
-    """After log ``st.seq``, before ``next_seq``: a log that lost its end is corruption
-    (:func:`end_missing`), raised in strict mode and listed in ``st.skipped`` in skip mode,
-    where the next log's first LSN (returned) is where the chain resumes."""
-    if next_seq != st.seq + 1:
+    """After log ``st.seq``, before ``next_seq`` (None: it is the newest): a log that lost
+    its end is corruption (:func:`end_missing`), raised in strict mode and listed in
+    ``st.skipped`` in skip mode, where the LSN it should have ended before (returned) is
+    where the chain resumes."""
+    if next_seq is not None and next_seq != st.seq + 1:
         return None
-    found = end_missing(dest, st.seq, st.next_lsn, st.sealed, st.torn is not None, p.logs[next_seq])
-    if found is None:
-        return None
+    segments = p.logs[next_seq] if next_seq is not None else None
+    found = end_missing(dest, st.seq, st.next_lsn, st.sealed, st.torn is not None, segments)
+    if found is None or (next_seq is None and _grew(dest, st, p.logs[st.seq])):
+        return None  # (a newest log that grew since it was read was being closed meanwhile)
     first, why = found
     if st.torn is not None:
         name, offset, length = st.torn.segment, st.torn.offset, st.torn.length
@@ -178,6 +188,22 @@ def _check_end(
     st.torn = None
     st.skipped.append(Skipped(st.seq, name, offset, length, why))
     return first
+
+
+def _grew(dest: Destination, st: LogState, segments: list[tuple[int, str]]) -> bool:
+    """Whether log ``st.seq`` holds more than the scan read (a segment added, or the last
+    one longer): its writer was still writing, so an end found missing was not lost."""
+    try:
+        now = list_logs(dest).get(st.seq, [])
+        if [name for _, name in now] != [name for _, name in segments]:
+            return True
+        number, name = segments[-1]
+        end = st.position[1]
+        if st.torn is not None and st.torn.segment == name:
+            end = max(end, st.torn.offset + st.torn.length)  # read, and found unfinished
+        return number != st.position[0] or dest.size(name) > end
+    except OSError:
+        return False
 
 
 def scan_from(
@@ -224,8 +250,7 @@ def scan_from(
             raise CorruptLogError("log has no header record", destination=dest.url, log=seq,
                                   segment=p.logs[seq][0][1], offset=0)
         expect = st.next_lsn
-        if i + 1 < len(seqs):
-            expect = _check_end(dest, p, st, seqs[i + 1], recovery) or expect
+        expect = _check_end(dest, p, st, seqs[i + 1] if i + 1 < len(seqs) else None, recovery) or expect
 
 
 def _stop_at_gap(dest: Destination, p: ReplayPlan, rest: list[int]) -> None:

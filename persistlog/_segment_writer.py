@@ -69,6 +69,19 @@ def move_pointer(dest: Destination, seq: int) -> bool:
     return True
 
 
+def note_closed(dest: Destination, seq: int, next_lsn: int) -> None:
+    """Write CLOSED: a clean close sealed log ``seq`` before ``next_lsn`` (docs/FORMAT.md).
+
+    Readers take it as evidence that the newest log ended with its seal, so a newest log
+    found later without its seal, ending before ``next_lsn``, lost its end: damage, not a
+    crash's torn tail. A hint only: a failure to write it is logged, not raised.
+    """
+    try:
+        dest.replace(F.CLOSED_NAME, _encoder.closed_note(seq, next_lsn))
+    except OSError as e:
+        log.warning("could not write %s/%s after sealing log %d: %s", dest.url, F.CLOSED_NAME, seq, e)
+
+
 def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
     """Make the newest log at an object store impossible to continue; returns the name of
     the fence segment written (None when the newest log needs none, or there is no log).

@@ -81,10 +81,33 @@ def test_a_restore_that_reads_a_log_cut_short_refuses_it(logdir: str) -> None:
     assert check.status == 1 and "missing from its end" in check.err
 
 
-def test_a_torn_newest_log_is_a_torn_tail_and_repair_names_what_it_drops(logdir: str) -> None:
-    """The newest log cut inside its last batch looks exactly like a crash: a torn tail.
-    The tools say what they know: the unfinished batch's LSNs, which a restore drops too,
-    and not that it was left by a crash or that nothing acknowledged is lost."""
+def test_a_sealed_newest_log_cut_inside_its_last_batch_is_damage_with_its_cost(logdir: str) -> None:
+    """A clean close sealed the newest log and said so (CLOSED): cut inside its last batch
+    later, it lost acknowledged records. Damage, with the records it costs, never a
+    crash's torn tail; repair refuses and restore raises."""
+    everything = batches(logdir)
+    name = cut_end(logdir, 3)
+    size = os.path.getsize(os.path.join(logdir, name))
+    cut = next(b for b in everything if b.segment == name and b.offset < size < b.offset + b.size)
+    last = max(b.first_lsn + b.count - 1 for b in everything)
+
+    run = cli("verify", logdir)
+    assert run.status == 1 and f"CORRUPT: log 3 segment {name} offset {cut.offset}" in run.out, run.out
+    assert "the clean close that sealed it says it ends before" in run.out and "TORN TAIL" not in run.out
+    dry = cli("repair", logdir, "--dry-run")
+    assert "refused: this is corruption, not a torn tail" in dry.out and "nothing acknowledged is lost" not in dry.out
+    assert cli("info", logdir).status == 1
+    with pytest.raises(persistlog.CorruptLogError, match=f"missing from its end"):
+        restore_state(logdir)
+    assert last >= cut.first_lsn
+
+
+def test_a_torn_newest_log_without_a_clean_close_is_a_torn_tail_and_repair_names_what_it_drops(logdir: str) -> None:
+    """The newest log cut inside its last batch, with nothing saying it was closed (a
+    crash, or a log from before CLOSED was written): exactly what a crash leaves. The tools
+    say what they know: the unfinished batch's LSNs, which a restore drops too, and not
+    that it was left by a crash or that nothing acknowledged is lost."""
+    os.remove(os.path.join(logdir, "CLOSED"))
     everything = batches(logdir)
     name = cut_end(logdir, 3)
     size = os.path.getsize(os.path.join(logdir, name))

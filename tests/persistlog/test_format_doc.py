@@ -41,6 +41,7 @@ def table_rows(text: str) -> list[tuple[int, int, str]]:
         ("Batch", F.BATCH_HEADER_SIZE),
         ("Seal trailer", F.TRAILER_SIZE),
         ("CURRENT", F.POINTER_SIZE),
+        ("CLOSED", F.CLOSED_SIZE),
     ],
 )
 def test_layout_tables_are_contiguous_and_as_long_as_the_struct(title: str, size: int) -> None:
@@ -65,6 +66,7 @@ def test_struct_fields_have_the_widths_the_tables_give() -> None:
         ("Batch", F.BATCH_HEADER),
         ("Seal trailer", F.TRAILER),
         ("CURRENT", F.POINTER),
+        ("CLOSED", F.CLOSED),
     ):
         rows = table_rows(section(title))
         assert sum(width for _o, width, _f in rows[:-1]) == struct_.size, title
@@ -75,6 +77,7 @@ def test_magics() -> None:
     assert "`89 50 4C 4F 47 0D 0A 1A`" in DOC and F.SEGMENT_MAGIC == bytes.fromhex("89504C4F470D0A1A")
     assert f"magic `{F.TRAILER_MAGIC.decode()}`" in DOC
     assert f"magic `{F.POINTER_MAGIC.decode()}`" in DOC
+    assert f"magic `{F.CLOSED_MAGIC.decode()}`" in DOC
     assert f"marker `50 42` (`{F.BATCH_MARKER.decode()}`)" in DOC
 
 
@@ -108,6 +111,18 @@ def test_names() -> None:
     assert F.parse_segment_name(example.group(1)) == (int(example.group(2)), int(example.group(3)))
     assert F.segment_name(int(example.group(2)), int(example.group(3))) == example.group(1)
     assert f"`{F.CURRENT_NAME}`" in DOC or F.CURRENT_NAME in files
+    assert F.CLOSED_NAME in files
+
+
+def test_the_closed_note_is_what_the_table_says() -> None:
+    from persistlog import _encoder
+    from persistlog._decoder import parse_closed_note
+
+    note = _encoder.closed_note(7, 1234)
+    assert len(note) == F.CLOSED_SIZE and note[:8] == F.CLOSED_MAGIC
+    assert int.from_bytes(note[12:20], "little") == 7 and int.from_bytes(note[20:28], "little") == 1234
+    assert parse_closed_note(note) == (7, 1234)
+    assert parse_closed_note(note[:-1] + bytes([note[-1] ^ 1])) is None
 
 
 def test_version_and_first_numbers() -> None:
