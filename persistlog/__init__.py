@@ -32,6 +32,7 @@ from ._format import FORMAT_VERSION
 from ._log import Log
 from ._reader import TornTail
 from ._restore import RestoreResult
+from ._secondaries import SecondaryLag
 from ._store import ResourceStore
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",
+    "SecondaryLag",
     "TornTail",
     "WriterConflict",
     "follow",

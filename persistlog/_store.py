@@ -23,6 +23,7 @@ from typing import Any
 from ._api import open
 from ._log import Log
 from ._restore import RestoreResult
+from ._secondaries import SecondaryLag
 
 
 def _key_from_record(key: Any) -> Any:
@@ -235,12 +236,13 @@ class ResourceStore(MutableMapping[Any, Any]):
         """Make every change so far durable."""
         self.log.sync()
 
-    def close(self, rotate: bool = False) -> None:
+    def close(self, rotate: bool = False) -> list[SecondaryLag]:
         """Close the log; ``rotate=True`` first writes a fresh snapshot, so that the next
-        :meth:`open` replays just the live keys and writes no snapshot of its own (see
-        :meth:`persistlog.Log.close`)."""
+        :meth:`open` replays just the live keys and writes no snapshot of its own. Returns
+        the secondaries left behind the primary (see :meth:`persistlog.Log.close`)."""
         if self._log is not None:
-            self._log.close(rotate=rotate)
+            return self._log.close(rotate=rotate)
+        return []
 
     def __repr__(self) -> str:
         lg = self._log
