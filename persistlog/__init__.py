@@ -34,6 +34,7 @@ from ._format import FORMAT_VERSION
 from ._log import Log
 from ._reader import TornTail
 from ._restore import RestoreResult
+from ._secondaries import SecondaryLag
 from ._store import ResourceStore
 from ._version import package_version
 
@@ -66,6 +67,7 @@ __all__ = [
     "ResourceStore",
     "RestoreResult",
     "StoreOptions",
+    "SecondaryLag",
     "TornTail",
     "WriterConflict",
     "follow",

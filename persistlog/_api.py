@@ -55,6 +55,7 @@ class StoreOptions(TypedDict, total=False):
     lease_ttl: float
     recovery: str
     discard_existing: bool
+    secondary_close_wait: float | None
 
 
 class OpenOptions(StoreOptions, total=False):
@@ -152,6 +153,7 @@ def open(
     recovery: str = "strict",
     discard_existing: bool = False,
     concurrent_enumeration: bool = False,
+    secondary_close_wait: float | None = None,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -190,7 +192,11 @@ def open(
     more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
     through their own writer threads; ``storage_options`` apply to the primary.
     ``lease_ttl`` is how long an object-store writer lease lasts without renewal (a
-    crashed writer's destination can be taken over after it).
+    crashed writer's destination can be taken over after it). ``secondary_close_wait``
+    bounds how long ``close()`` waits for a secondary that would not hold the primary's
+    state (detached, or still leased by a crashed writer) to answer before it gives that
+    secondary a new complete log, or gives up on it and reports it (default: ``lease_ttl``
+    plus 5 s; 0 waits for none).
 
     When a rotation's enumeration runs: by default a fired trigger starts the rotation at
     the app's next call into the Log (``update()``, ``update_many()``; ``rotate()`` and
@@ -242,6 +248,11 @@ def open(
     dest = destination_at(url, storage_options)
     if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
         raise ValueError(f"lease_ttl must be a positive number of seconds, not {lease_ttl!r}")
+    if secondary_close_wait is not None and (
+        not isinstance(secondary_close_wait, (int, float)) or isinstance(secondary_close_wait, bool)
+        or secondary_close_wait < 0
+    ):
+        raise ValueError(f"secondary_close_wait must be a number of seconds >= 0 or None, not {secondary_close_wait!r}")
     writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     writer_lock = _take_writer_lock(dest, writer_id, lease_ttl)
     restored = None
@@ -310,6 +321,7 @@ def open(
         restored=restored,
         after_snapshot=after_snapshot,
         concurrent_enumeration=concurrent_enumeration,
+        secondary_close_wait=None if secondary_close_wait is None else float(secondary_close_wait),
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg

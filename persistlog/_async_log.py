@@ -27,6 +27,7 @@ from ._log import Log
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Hold
+from ._secondaries import SecondaryLag
 
 if TYPE_CHECKING:
     # Imported where it is used at run time: ``import persistlog`` (the CLI, a restore-only
@@ -206,20 +207,21 @@ class AsyncLog:
 
     # -- closing ------------------------------------------------------------------------
 
-    async def close(self) -> None:
+    async def close(self) -> list[SecondaryLag]:
         """Wait for a running enumeration, write what is pending, seal, release the lock.
 
         Tasks still waiting for their records are answered first (sealing makes their
-        records durable). Later calls do nothing.
+        records durable). Returns the secondaries left behind the primary, as
+        :meth:`Log.close` does. Later calls do nothing but return the same list.
         """
         if self._signal is not None:
             self._loop.remove_signal_handler(self._signal)
             self._signal = None
-        await self._offload(self._shut_down)
+        return await self._offload(self._shut_down)
 
-    def _shut_down(self) -> None:
+    def _shut_down(self) -> list[SecondaryLag]:
         try:
-            self._log.close()
+            return self._log.close()
         finally:
             self._commit.stop()
 

@@ -39,6 +39,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict
 from types import FrameType, TracebackType
 from typing import Any, Union
 
@@ -51,7 +52,7 @@ from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLo
 from ._group_commit import GroupCommit
 from ._restore import RestoreResult
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
-from ._secondaries import Secondary
+from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
@@ -175,6 +176,7 @@ class Log:
         restored: RestoreResult | None,
         after_snapshot: bool = False,
         concurrent_enumeration: bool = False,
+        secondary_close_wait: float | None = None,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
@@ -182,8 +184,9 @@ class Log:
         end with log ``last_seq`` before LSN ``next_lsn``, and ``complete_logs`` are the
         complete ones among them. With ``after_snapshot`` (log ``last_seq`` holds a fresh
         snapshot and nothing after it, just replayed) the first log starts after it
-        without an enumeration. On failure everything is let go (the lock too) and the
-        error is raised.
+        without an enumeration. ``close()`` waits up to ``secondary_close_wait`` seconds
+        (default: ``lease_ttl`` plus :data:`ATTACH_WAIT`) for a secondary to answer. On
+        failure everything is let go (the lock too) and the error is raised.
         """
         self.dest = dest
         self.settings = settings
@@ -264,6 +267,9 @@ class Log:
         self._opened_at = time.time()
         self._close_lock = threading.Lock()
         self._close_done = False
+        self._secondary_close_wait = lease_ttl + ATTACH_WAIT if secondary_close_wait is None else secondary_close_wait
+        # The secondaries the close left behind the primary, by URL (close() returns them).
+        self._behind: dict[str, SecondaryLag] = {}
         self._registered = False  # sealed at exit / when collected (opening succeeded)
         try:
             self._rotator = Rotator(
@@ -514,13 +520,24 @@ class Log:
                     "error": repr(self._failed) if self._failed else None,
                 }
             ]
-            + [r.stats() for r in list(self._secondaries)],
+            + [
+                {**r.stats(), "behind_at_close": asdict(lag) if (lag := self._behind.get(r.dest.url)) else None}
+                for r in list(self._secondaries)
+            ],
         }
 
-    def close(self, rotate: bool = False) -> None:
+    def close(self, rotate: bool = False) -> list[SecondaryLag]:
         """Wait for a running enumeration, write what is pending, seal, release the lock.
 
-        Calls from several threads return once the log is sealed; later calls do nothing.
+        Returns the secondaries left behind the primary (an empty list when each one holds
+        exactly the primary's state, as it should). A secondary that would not (detached,
+        taken back mid-log, behind a gap) is waited for up to ``secondary_close_wait``
+        seconds (see :func:`persistlog.open`) and given a new log with an enumeration
+        before the seal; one still short after that is warned about and listed, as a
+        :class:`SecondaryLag`, here and in ``stats()["destinations"]`` (``behind_at_close``).
+
+        Calls from several threads return once the log is sealed; later calls do nothing
+        but return the same list.
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
         none of the updates before it, and the next ``open(..., replay=)`` starts writing
@@ -539,7 +556,7 @@ class Log:
             except PersistLogError:
                 self._close(None)
                 raise
-        self._close(None)
+        return self._close(None)
 
     def __enter__(self) -> Log:
         return self
@@ -970,10 +987,15 @@ class Log:
 
     # -- closing ------------------------------------------------------------------------
 
-    def _close(self, rotation_wait: float | None) -> None:
+    def _close(self, rotation_wait: float | None) -> list[SecondaryLag]:
         with self._close_lock:
             if self._close_done:
-                return
+                return list(self._behind.values())
+            waited: dict[str, str] = {}
+            if self._registered and self._failed is None and not self._closed and self._secondaries:
+                wait = self._secondary_close_wait
+                waited = self._catch_up_secondaries(
+                    wait if rotation_wait is None else min(wait, rotation_wait), rotation_wait)
             self._stop.set()
             self._rotator.close(rotation_wait)
             if self._ticker is not None and self._ticker is not threading.current_thread():
@@ -986,7 +1008,61 @@ class Log:
             except Exception:
                 self._closed_for_good()
                 raise
+            self._report_behind(waited)
             self._closed_for_good()
+            return list(self._behind.values())
+
+    def _catch_up_secondaries(self, wait: float, rotation_wait: float | None) -> dict[str, str]:
+        """Before the seal: give each secondary that would not hold the primary's history
+        whole a new log (a rotation, waited for up to ``rotation_wait``), waiting up to
+        ``wait`` seconds for it to answer (its lease to run out, its storage to come back).
+        Returns, by URL, why it fell short.
+        """
+        deadline = time.monotonic() + wait
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        rotator = self._rotator
+        announced = False
+        while True:
+            # A rotation running now (one a secondary taken back asked for, say) may be
+            # the log it needs: judge once that log is complete.
+            while rotator.rotating and not rotator.retaining and left():
+                time.sleep(0.01)
+            behind = [s for s in list(self._secondaries) if s.behind(self._seq, left())]
+            if not behind:
+                return {}
+            if not announced:
+                announced = True
+                log.info("closing %s: waiting up to %.1fs for secondary(ies) %s to take a complete log",
+                         self.dest.url, left(), ", ".join(s.dest.url for s in behind))
+            answering = [s for s in behind if s.wait_answer(left())]
+            if not answering:
+                return {s.dest.url: f"close() waited {wait:g}s for it to answer" for s in behind}
+            if rotator.rotating and left():
+                continue  # one started meanwhile
+            try:
+                rotator.wait(rotator.request(), rotation_wait)
+            except (PersistLogError, TimeoutError) as e:
+                return {s.dest.url: f"the rotation close() started for it failed: {e!r}" for s in behind}
+            if not left():
+                return {}
+
+    def _report_behind(self, waited: dict[str, str]) -> None:
+        """Keep and warn about each secondary the closed log leaves behind the primary."""
+        if not self._registered or self._failed is not None:
+            return
+        for secondary in self._secondaries:
+            lag = secondary.lag(self._written_lsn, waited.get(secondary.dest.url))
+            if lag is None:
+                continue
+            self._behind[lag.url] = lag
+            log.warning(
+                "secondary %s is behind the primary after close: a restore of it reaches LSN %s of the "
+                "primary's %d (%s)", lag.url, "unknown" if lag.last_lsn is None else lag.last_lsn,
+                lag.primary_last_lsn, lag.reason,
+            )
 
     def _seal_and_let_go(self) -> None:
         """Write what is pending, seal the current log, let go of the writers and the lock.

@@ -21,7 +21,7 @@ from destinations import Destination
 from ._codec import Codec
 from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
-from ._format import HEADER_AFTER_GAP, segment_name
+from ._format import FIRST_LSN, HEADER_AFTER_GAP, segment_name
 from ._reader import (
     Batch,
     LogScanner,
@@ -30,6 +30,7 @@ from ._reader import (
     TornTail,
     closed_end,
     declares_gap,
+    end_of_logs,
     list_logs,
     log_header,
     read_pointer,
@@ -119,6 +120,28 @@ def plan(dest: Destination) -> ReplayPlan:
     oldest = min(logs)
     log.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
     return ReplayPlan(logs, oldest, False, pointer)
+
+
+def reach(dest: Destination) -> int:
+    """The next LSN a restore of ``dest`` reaches for sure (``FIRST_LSN``: none), reading
+    little: CURRENT, one listing, the header of each log after the one a restore starts
+    at, the end of the last log it replays.
+
+    A restore stops before the newest log at a log whose header says it follows a gap (a
+    secondary detached or left behind, and no log complete after it), or at a missing
+    log. (A declared gap that the LSNs happen to bridge counts as a gap here, so the reach
+    may fall short of what a restore replays, never beyond it.)
+    """
+    p = plan(dest)
+    if p.start is None:
+        return FIRST_LSN
+    seqs = [s for s in sorted(p.logs) if s >= p.start]
+    if not p.complete and declares_gap(dest, p.logs[seqs[0]]):
+        return FIRST_LSN  # nothing here is a prefix of the history: the empty state
+    kept = 1
+    while kept < len(seqs) and seqs[kept] == seqs[kept - 1] + 1 and not declares_gap(dest, p.logs[seqs[kept]]):
+        kept += 1
+    return end_of_logs(dest, {s: p.logs[s] for s in seqs[:kept]})[1]
 
 
 def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> bool:

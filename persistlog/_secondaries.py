@@ -17,6 +17,13 @@ A log written to a secondary that does not continue exactly the log before it th
 detached stretch, a writer that crashed with the secondary behind) says so in its header
 (``after_gap``): readers then start from a complete log after the gap, or stop before it,
 instead of reading a broken chain as corruption.
+
+The thread also keeps how far a restore of the secondary reaches (``restore_last_lsn`` in
+``stats()``): read when it takes the secondary, moved on by each write while what the
+secondary holds is whole (no gap since its newest complete log). At ``close()`` the Log
+asks each secondary whether it will hold the primary's history whole (:meth:`behind`),
+waits for the ones that do not to answer, gives them a new log, and afterwards has each
+one that still falls short say so (:meth:`lag`, a :class:`SecondaryLag`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
@@ -34,6 +42,7 @@ from . import _encoder
 from . import _format as F
 from ._errors import WriterConflict
 from ._reader import end_of_logs, header_record, list_logs
+from ._restore import reach
 from ._retention import apply_retention
 from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 
@@ -47,6 +56,25 @@ ATTACH_WAIT = 5.0
 #: the last, so that a secondary failing again and again costs few rotations.
 RETRY_FIRST = 1.0
 RETRY_MAX = 300.0
+#: Longest any one wait of the Log on a secondary's thread lasts before it checks that the
+#: thread still runs (a thread that died answers nothing).
+_WAIT_SLICE = 0.1
+
+
+@dataclass(frozen=True)
+class SecondaryLag:
+    """A secondary that does not hold the primary's state after ``close()``.
+
+    ``last_lsn`` is the last LSN a restore of it reaches (0: none; None: unknown, as for a
+    secondary never reached), against the primary's ``primary_last_lsn``; ``reason`` says
+    why it is behind (detached and why, a log after a gap not complete there, a thread
+    still writing) and how long ``close()`` waited for it.
+    """
+
+    url: str
+    last_lsn: int | None
+    primary_last_lsn: int
+    reason: str
 
 
 class Secondary:
@@ -85,7 +113,14 @@ class Secondary:
         # log continues it only if it is the next seq starting at that LSN.
         self._end: tuple[int, int] | None = None
         self._known_complete: list[int] = []
-        self._complete_event = threading.Condition()
+        # The next LSN a restore of the destination reaches (None: not known), and whether
+        # what it holds from its newest complete log on is the primary's history without a
+        # gap, so that each write there moves that reach on.
+        self._reach: int | None = None
+        self._whole = False
+        # Notified when a log completes, the secondary answers or is detached, a signal
+        # from the Log is handled.
+        self._changed = threading.Condition()
         # Producer side (the Log's threads): events are numbered so that the thread can
         # tell when some were dropped; a log's events are fed only if the secondary was
         # healthy when the log started.
@@ -125,6 +160,18 @@ class Secondary:
         except Exception as e:  # unknown end: the next log declares a gap, which is always safe
             log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
             self._end = None
+        self._read_reach()
+        # Writes here move the reach on only if a restore reads through to their log.
+        self._whole = self._end is not None and self._reach == self._end[1]
+
+    def _read_reach(self) -> None:
+        """Read how far a restore of the secondary reaches: when it is taken, and once for
+        the report when another writer holds it (it changes only under that writer)."""
+        try:
+            self._reach = reach(self.dest)
+        except Exception as e:
+            log.info("cannot tell how far a restore of %s reaches: %s", self.dest.url, e)
+            self._reach = None
 
     # -- events from the Log (in LSN order; batches under its I/O lock) -----------------
 
@@ -165,15 +212,88 @@ class Secondary:
     def wait_complete(self, seq: int, timeout: float | None = None) -> bool:
         """Wait until log ``seq`` is complete at this destination (False if detached)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._complete_event:
+        with self._changed:
             while (self.complete_seq or 0) < seq:
                 if self.error is not None and self._sw is None:
                     return False
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
-                self._complete_event.wait(remaining if remaining is not None else 0.5)
+                self._changed.wait(remaining if remaining is not None else 0.5)
         return True
+
+    # -- closing: is it whole, and if not, why ------------------------------------------
+
+    def behind(self, seq: int, timeout: float) -> bool:
+        """Whether this secondary will not hold the primary's history whole at the end of
+        log ``seq`` unless a new log goes there: it is detached, or was not given log
+        ``seq`` from its start, or holds it after a gap and no log complete since.
+
+        Waits up to ``timeout`` for the thread to take in what is queued first. A thread
+        still busy writing then is not behind: a new log would not help it.
+        """
+        if self.error is not None or self._lock is None or not self._thread.is_alive():
+            return True
+        if not self._settle(timeout):
+            return self.error is not None or not self._thread.is_alive()
+        sw = self._sw
+        return not (self.error is None and sw is not None and sw.seq >= seq and self._whole)
+
+    def wait_answer(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to hold this secondary again (its lock
+        taken, no error); True once it does. A detached secondary is tried again at once,
+        and then at the first retry waits again, or as its lease runs out."""
+        if self._answers():
+            return True
+        self._signal("hurry")
+        return self._wait(self._answers, timeout)
+
+    def lag(self, next_lsn: int, waited: str | None = None) -> SecondaryLag | None:
+        """How this secondary falls short of a primary whose records end before
+        ``next_lsn`` (its Log has just let go of it); None if a restore of it gives
+        exactly the primary's state. ``waited`` says what ``close()`` did for it."""
+        if self._reach == next_lsn and self.error is None:
+            return None
+        if self.error is not None:
+            why = f"detached ({type(self.error).__name__}: {self.error})"
+        elif self._thread.is_alive():
+            why = "its thread was still writing when close() stopped waiting for it"
+        elif not self._whole:
+            why = "its newest log follows a gap and is not complete there"
+        else:
+            why = "it does not hold the primary's last records"
+        last = None if self._reach is None else self._reach - 1
+        return SecondaryLag(self.dest.url, last, next_lsn - 1, f"{why}; {waited}" if waited else why)
+
+    def _answers(self) -> bool:
+        return self.error is None and self._lock is not None
+
+    def _settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for the thread to take in every event queued before."""
+        reached = threading.Event()
+        return self._signal("barrier", reached, timeout) and self._wait(reached.is_set, timeout)
+
+    def _signal(self, kind: str, reached: threading.Event | None = None, timeout: float = 0.0) -> bool:
+        """Queue a signal for the thread (not a log event: it takes no event number)."""
+        try:
+            self.queue.put((0, kind, reached), timeout=max(timeout, 1e-3))
+        except queue.Full:
+            return False
+        return True
+
+    def _wait(self, ready: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not ready():
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return ready()
+                self._changed.wait(min(left, _WAIT_SLICE))
+        return True
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     @property
     def healthy(self) -> bool:
@@ -194,6 +314,7 @@ class Secondary:
             "detaches": self.detaches,
             "complete_log": self.complete_seq,
             "written_lsn": self._next_lsn - 1 if self._sw is not None else None,
+            "restore_last_lsn": self._reach - 1 if self._reach is not None else None,
         }
 
     # -- the thread ---------------------------------------------------------------------
@@ -201,6 +322,8 @@ class Secondary:
     def _loop(self) -> None:
         self._probe()
         self._probed.set()
+        if isinstance(self.error, WriterConflict):
+            self._read_reach()
         last_renew = last_flush = time.monotonic()
         renew_every = self.lease_ttl / 3
         while True:
@@ -218,6 +341,9 @@ class Secondary:
                 event = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
             except queue.Empty:
                 event = None
+            if event is not None and event[0] == 0:
+                self._handle_signal(event[1], event[2])
+                event = None
             try:
                 if event is not None and event[1] == "close":
                     try:
@@ -225,7 +351,7 @@ class Secondary:
                             if event[2]:
                                 self._seal()
                             else:
-                                self._sw.flush()
+                                self._flush(self._sw)
                     finally:
                         self._release()
                     return
@@ -234,7 +360,7 @@ class Secondary:
                 if time.monotonic() - last_flush >= self.flush_interval:
                     last_flush = time.monotonic()
                     if self._sw is not None:
-                        self._sw.flush()
+                        self._flush(self._sw)
                 if self._lock is not None and not self.dest.appendable and time.monotonic() - last_renew >= renew_every:
                     last_renew = time.monotonic()
                     self._renew()
@@ -248,6 +374,26 @@ class Secondary:
                 if self._probe() and self.on_ready is not None:
                     self.on_ready()  # a rotation: the next log goes here whole
                 last_renew = time.monotonic()
+                self._notify()
+
+    def _handle_signal(self, kind: str, reached: threading.Event | None) -> None:
+        """A signal from the Log's closing: ``barrier`` (everything queued before it is
+        taken in) or ``hurry`` (try a detached secondary again now)."""
+        if kind == "hurry" and self.error is not None and self._retry_at is not None:
+            self._failures = 0
+            self._schedule_retry(self.error)  # soon, and as the lease runs out at the latest
+        if reached is not None:
+            reached.set()
+        self._notify()
+
+    def _flush(self, sw: SegmentWriter) -> None:
+        sw.flush()
+        self._written()
+
+    def _written(self) -> None:
+        """What is written here is at the destination now: a restore reaches it if whole."""
+        if self._whole:
+            self._reach = self._next_lsn
 
     def _renew(self) -> None:
         assert self._lock is not None
@@ -319,6 +465,7 @@ class Secondary:
                 self._take_lock()  # lost since: a secondary is never written unlocked
             if self._end != (seq - 1, first):
                 header_batch = self._after_gap(header_batch, first)
+                self._whole = False  # a restore stops before this log until it is complete
             started = segment_writer(self.dest, seq, self.segment_bytes)
             started.start(first, header_batch)
             self._sw = started
@@ -337,12 +484,12 @@ class Secondary:
         if kind == "batch":
             _, _, data, first, end = event
             sw.append(data, first, end)
-            if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
-                sw.flush()
             self._next_lsn = end
             self._end = (sw.seq, end)
             self.batches += 1
             self.bytes += len(data)
+            if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
+                self._flush(sw)
         elif kind == "seal":
             self._seal()
         elif kind == "complete":
@@ -351,12 +498,14 @@ class Secondary:
                 return  # a log this secondary does not hold whole: CURRENT must not name it
             self._complete_lsn = event[3]
             sw.sync()
+            self._whole = True  # a complete log: a restore starts here and reads all of it
+            self._written()
             moved = move_pointer(self.dest, seq)
             self._known_complete.append(seq)
             self._failures = 0
-            with self._complete_event:
+            with self._changed:
                 self.complete_seq = seq
-                self._complete_event.notify_all()
+                self._changed.notify_all()
             if moved:  # as on the primary: old logs go only after the pointer moved
                 apply_retention(self.dest, self._known_complete, self.retain, seq)
 
@@ -373,6 +522,7 @@ class Secondary:
         if sw is None:
             return
         sw.seal(seal_batch(self._next_lsn, self._complete_lsn))
+        self._written()
         self._sw = None
 
     def _detach(self, e: BaseException) -> None:
@@ -380,6 +530,7 @@ class Secondary:
         self.detaches += 1
         self._failures += 1
         self._end = None  # what the failed write left there is unknown
+        self._whole = False
         self._feed = False  # events of this log are no use here: spare the queue
         self._schedule_retry(e)
         log.warning("secondary %s detached (retrying in %.1fs): %s", self.dest.url,
@@ -390,8 +541,7 @@ class Secondary:
             except Exception:
                 pass
             self._sw = None
-        with self._complete_event:
-            self._complete_event.notify_all()
+        self._notify()
 
     def _release(self) -> None:
         if self._lock is not None:

@@ -24,6 +24,7 @@ from typing import Any, Unpack
 from ._api import StoreOptions, open
 from ._log import Log
 from ._restore import RestoreResult
+from ._secondaries import SecondaryLag
 
 log = logging.getLogger("persistlog")
 
@@ -251,12 +252,13 @@ class ResourceStore(MutableMapping[Any, Any]):
         """Make every change so far durable."""
         self.log.sync()
 
-    def close(self, rotate: bool = False) -> None:
+    def close(self, rotate: bool = False) -> list[SecondaryLag]:
         """Close the log; ``rotate=True`` first writes a fresh snapshot, so that the next
-        :meth:`open` replays just the live keys and writes no snapshot of its own (see
-        :meth:`persistlog.Log.close`)."""
+        :meth:`open` replays just the live keys and writes no snapshot of its own. Returns
+        the secondaries left behind the primary (see :meth:`persistlog.Log.close`)."""
         if self._log is not None:
-            self._log.close(rotate=rotate)
+            return self._log.close(rotate=rotate)
+        return []
 
     def __repr__(self) -> str:
         lg = self._log

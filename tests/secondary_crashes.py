@@ -41,20 +41,30 @@ def write_point(kind: str) -> str:
     return "before:append.write segment" if kind == "local" else "before:put segment"
 
 
-def secondary_site(kind: str, tmp_path: Path, sim: CrashSim) -> tuple[str, tuple[str, dict[str, Any]]]:
-    """``(plain url, (url, options) through the simulated machine)`` of the secondary."""
+def secondary_site(
+    kind: str, tmp_path: Path, sim: CrashSim, s3: tuple[str, dict[str, Any]] | None = None
+) -> tuple[str, tuple[str, dict[str, Any]]]:
+    """``(plain url, (url, options) through the simulated machine)`` of the secondary: a
+    local directory, a fresh ``memory://`` one, or (kind ``"s3"``) ``s3 = (url, options)``."""
     if kind == "local":
         path = str(tmp_path / "secondary")
         return path, sim.local(path, label="secondary")
+    if kind == "s3":
+        assert s3 is not None, "an S3 secondary needs s3=(url, storage_options)"
+        return s3[0], sim.remote(s3[0], s3[1], label="secondary")
     url = f"memory://sec-{uuid.uuid4().hex[:10]}/log"
     return url, sim.remote(url, label="secondary")
 
 
-def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_ttl: float) -> tuple[str, int]:
+def crash_with_secondary_behind(
+    kind: str, tmp_path: Path, sim: CrashSim, lease_ttl: float, s3: tuple[str, dict[str, Any]] | None = None
+) -> tuple[str, int]:
     """A writer whose secondary stalls after step 20 dies at step 50: the secondary is 30
-    steps behind. Returns the secondary's plain URL and the last acknowledged step."""
+    steps behind, and (on an object store) still leased by the dead writer for up to
+    ``lease_ttl``. Returns the secondary's plain URL and the last acknowledged step."""
     primary = str(tmp_path / "primary")
-    sec_url, sec = secondary_site(kind, tmp_path, sim)
+    sec_url, sec = secondary_site(kind, tmp_path, sim, s3)
+    sec_options = s3[1] if s3 is not None else {}
     hold, release = threading.Event(), threading.Event()
     sim.on(write_point(kind), lambda label, point: hold.is_set() and release.wait(10), times=1 << 30,
            label="secondary")
@@ -63,7 +73,8 @@ def crash_with_secondary_behind(kind: str, tmp_path: Path, sim: CrashSim, lease_
     app.log = persistlog.open(url, app.enumerate_all, concurrent_enumeration=True, storage_options=so, secondaries=[sec],
                               durability="fsync", lease_ttl=lease_ttl, flush_interval=0.01)
     steps(app, 1, 20)
-    wait_until(lambda: restore_state(sec_url)[0].get("last") == 20, 10, "the secondary catching up")
+    wait_until(lambda: restore_state(sec_url, storage_options=sec_options)[0].get("last") == 20, 10,
+               "the secondary catching up")
     hold.set()
     steps(app, 21, 30)
     time.sleep(0.05)

@@ -205,7 +205,8 @@ def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_m
     afile = tmp_path / "afile"
     afile.write_text("not a directory")
     primary = str(tmp_path / "primary")
-    lg = persistlog.open(primary, lambda emit: None, secondaries=[str(afile), str(afile / "sub")])
+    lg = persistlog.open(primary, lambda emit: None, secondaries=[str(afile), str(afile / "sub")],
+                         secondary_close_wait=0.2)
     for url in (str(afile), str(afile / "sub")):
         d = secondary(lg, url)
         assert not d["healthy"] and not d["attached"] and d["error"], d
@@ -218,7 +219,9 @@ def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_m
     holder = persistlog.open(mem, lambda emit: None)
     with pytest.raises(persistlog.WriterConflict):
         lg.add_destination(mem)
-    lg.close()
+    behind = lg.close()  # still unusable: close() says so
+    assert [(b.url, b.last_lsn, b.primary_last_lsn) for b in behind] == [
+        (str(afile), None, 1), (str(afile / "sub"), None, 1)]
     assert restore_state(primary)[0] == {"p": 1}
     # open() goes on without it, and attaches it with a new log once the holder lets go.
     app = ChurningApp()
@@ -322,7 +325,7 @@ def test_secondary_whose_lease_was_taken_is_not_written_again(tmp_path: Path, cl
     next rotation does not write there (it would interleave with the new owner)."""
     mem = mem_url()
     app = ChurningApp()
-    lg = app.open(str(tmp_path / "primary"), secondaries=[mem], lease_ttl=0.6)
+    lg = app.open(str(tmp_path / "primary"), secondaries=[mem], lease_ttl=0.6, secondary_close_wait=0.2)
     try:
         app.churn(20)
         lg.rotate()
@@ -343,7 +346,8 @@ def test_secondary_whose_lease_was_taken_is_not_written_again(tmp_path: Path, cl
         assert not secondary(lg, mem)["healthy"]
         assert b"thief" in dest.read("LEASE")
     finally:
-        lg.close()
+        behind = lg.close()
+    assert [b.url for b in behind] == [mem] and "lease" in behind[0].reason.lower()
 
 
 # -- backpressure and slowness --------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import logging
 import threading
 from contextlib import redirect_stderr, redirect_stdout
 import time
@@ -28,6 +29,7 @@ from secondary_crashes import (
 
 import persistlog
 from destinations import open_destination
+from persistlog._reader import list_logs, newest_seal
 from threads import wait_until
 
 KINDS = ("local", "memory")
@@ -206,7 +208,8 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     pytest.importorskip("s3fs")
     app = App()
     started = time.monotonic()
-    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, concurrent_enumeration=True, secondaries=[("s3://nowhere/log", so)])
+    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[("s3://nowhere/log", so)],
+                              secondary_close_wait=0.5, concurrent_enumeration=True)
     try:
         from persistlog import _secondaries
 
@@ -215,9 +218,15 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
         assert not d["healthy"] and not d["attached"] and d["error"], d
         steps(app, 1, 5)
     finally:
-        app.log.close()
-    state, _ = restore_state(str(tmp_path / "primary"))
+        started = time.monotonic()
+        behind = app.log.close()
+    # Still unreachable at close(): it gives up after its bound (and the 1 s it lets the
+    # thread end), seals the primary whole, and reports the secondary.
+    assert time.monotonic() - started < 0.5 + 1 + 2
+    state, res = restore_state(str(tmp_path / "primary"))
     assert state == app.data
+    assert [(b.url, b.last_lsn, b.primary_last_lsn) for b in behind] == [("s3://nowhere/log", None, res.last_lsn)]
+    assert "waited 0.5s" in behind[0].reason and behind[0].reason.startswith("detached"), behind[0].reason
 
 
 class Failing(FaultPlan):
@@ -337,3 +346,92 @@ def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
     sstate, sres = restore_state(secondary, storage_options=options[secondary])
     assert sstate == pstate == app.data
     assert (sres.last_lsn, sres.last_commit_us) == (pres.last_lsn, pres.last_commit_us)
+
+
+# -- close() brings a lagging secondary up to date, or says it could not ----------------------
+
+
+def _reopen_after_the_crash(tmp_path: Path, sec: tuple[str, dict[str, Any]], acked: int, **options: Any) -> App:
+    """The next writer: it restores the primary and opens with the secondary, which the dead
+    writer still leases, so it goes on without it for now."""
+    state, _ = restore_state(str(tmp_path / "primary"))
+    assert is_prefix(state) == acked
+    app = App(state)
+    app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[sec], concurrent_enumeration=True, **options)
+    d = app.log.stats()["destinations"][1]
+    assert not d["attached"] and "leased by another writer" in d["error"], d
+    return app
+
+
+@pytest.mark.s3
+def test_clean_close_waits_for_a_secondary_a_killed_writer_still_leases(
+    tmp_path: Path, s3_storage_options: dict[str, Any], s3_bucket: str
+) -> None:
+    """The killed writer's lease on the S3 secondary outlives the next writer's whole run:
+    close() waits for it to run out, takes the secondary with a new complete log, then
+    seals; the secondary restores to exactly the primary's state."""
+    ttl = 4.0  # the dead writer's lease must outlive the restart, on a busy machine too
+    s3 = (f"s3://{s3_bucket}/secondary", s3_storage_options)
+    sec_url, acked = crash_with_secondary_behind("s3", tmp_path, CrashSim(), lease_ttl=ttl, s3=s3)
+    app = _reopen_after_the_crash(tmp_path, s3, acked, lease_ttl=ttl)
+    try:
+        steps(app, acked + 1, 30)
+    finally:
+        started = time.monotonic()
+        behind = app.log.close()
+    pstate, pres = restore_state(str(tmp_path / "primary"))
+    sstate, sres = restore_state(sec_url, storage_options=s3_storage_options)
+    assert (sres.last_lsn, sres.last_commit_us) == (pres.last_lsn, pres.last_commit_us)
+    assert sstate == pstate == app.data and not sres.after_gap
+    assert behind == [] and app.log.stats()["destinations"][1]["behind_at_close"] is None
+    assert time.monotonic() - started < ttl + 10
+
+
+@pytest.mark.s3
+def test_close_reports_a_secondary_still_leased_past_its_bound(
+    tmp_path: Path, s3_storage_options: dict[str, Any], s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease that outlasts ``secondary_close_wait``: close() gives up on the secondary
+    after that long, seals the primary whole, and says which secondary is behind, how far
+    it reaches and why: in a warning, in what it returns and in stats()."""
+    s3 = (f"s3://{s3_bucket}/secondary", s3_storage_options)
+    sec_url, acked = crash_with_secondary_behind("s3", tmp_path, CrashSim(), lease_ttl=60.0, s3=s3)
+    reached = restore_state(sec_url, storage_options=s3_storage_options)[1].last_lsn
+    app = _reopen_after_the_crash(tmp_path, s3, acked, secondary_close_wait=1.0)
+    steps(app, acked + 1, 10)
+    caplog.set_level(logging.WARNING, logger="persistlog")
+    started = time.monotonic()
+    behind = app.log.close()
+    assert time.monotonic() - started < 1.0 + 5
+    pstate, pres = restore_state(str(tmp_path / "primary"))
+    assert pstate == app.data and not pres.torn_tails
+    dest = open_destination(str(tmp_path / "primary"))
+    seal = newest_seal(dest, list_logs(dest))
+    assert seal is not None and seal["next_lsn"] == pres.next_lsn  # sealed at its last record
+    assert [(b.url, b.last_lsn, b.primary_last_lsn) for b in behind] == [(sec_url, reached, pres.last_lsn)]
+    assert "leased by another writer" in behind[0].reason and "1s" in behind[0].reason, behind[0].reason
+    assert app.log.stats()["destinations"][1]["behind_at_close"] == {
+        "url": sec_url, "last_lsn": reached, "primary_last_lsn": pres.last_lsn, "reason": behind[0].reason}
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and sec_url in r.getMessage()]
+    assert any(f"LSN {reached} of" in m and f"{pres.last_lsn}" in m and "leased" in m for m in warned), warned
+    assert restore_state(sec_url, storage_options=s3_storage_options)[1].last_lsn == reached
+    assert app.log.close() == behind  # a second close says the same
+
+
+def test_clean_close_takes_back_a_local_secondary_it_opened_without(tmp_path: Path) -> None:
+    """A local secondary unusable at open (a file where its directory goes) is usable again
+    just before close(): close() takes it back with a complete log before sealing."""
+    primary, sec = str(tmp_path / "primary"), tmp_path / "secondary"
+    sec.write_text("not a directory")
+    app = App()
+    app.log = persistlog.open(primary, app.enumerate_all, secondaries=[str(sec)], concurrent_enumeration=True)
+    try:
+        assert not app.log.stats()["destinations"][1]["attached"]
+        steps(app, 1, 30)
+        sec.unlink()
+    finally:
+        behind = app.log.close()
+    pstate, pres = restore_state(primary)
+    sstate, sres = restore_state(str(sec))
+    assert sres.last_lsn == pres.last_lsn and sstate == pstate == app.data
+    assert behind == []
