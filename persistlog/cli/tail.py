@@ -3,8 +3,9 @@
 Like a follower, it starts from the newest complete log (so the first lines are that
 log's enumeration) and then prints each batch once the writer has written it. Without -f
 it prints what exists and exits; with -f it keeps following, across rotations, until
-interrupted; a log that is not there yet is waited for, unless none can be made there (a
-regular file, a missing bucket: exit status 2). Lines carry LSN, log, segment, commit time
+interrupted. A location holding no log is exit status 2, as for every command (a mistyped
+path must not look like a quiet log); with -f --wait a log that is not there yet is waited
+for, unless none can be made there (a regular file, a missing bucket: exit status 2). Lines carry LSN, log, segment, commit time
 and the record; followers see batches, not record kinds.
 
 Every record has its own cursor, the one that resumes right after it: the "cursor" field
@@ -55,6 +56,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("-f", "--follow", action="store_true", help="keep following until interrupted")
+    p.add_argument(
+        "--wait", action="store_true",
+        help="with -f: wait for a log to appear where there is none yet (else: exit status 2)",
+    )
     p.add_argument("--from-lsn", type=int, default=0, metavar="N", help="only print records with LSN >= N")
     p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS", help="poll interval with -f (default 0.2)")
     p.add_argument("--cursor", metavar="CURSOR", help="resume right after the record a cursor printed by tail belongs to")
@@ -77,9 +82,11 @@ def _stop_when_caught_up(follower: Follower, finished: threading.Event) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError("--interval must be a positive number of seconds")
-    # Without -f a missing destination is an error; with -f it may appear later, unless
+    if args.wait and not args.follow:
+        raise UsageError("--wait goes with -f (without -f, tail prints what exists and exits)")
+    # A location holding no log is an error; with -f --wait one may appear later, unless
     # nothing can make it there.
-    open_log(args, wait_for_log=args.follow).close()
+    open_log(args, wait_for_log=args.wait).close()
 
     def on_reset() -> None:
         error("the cursor's data was removed by retention: starting again from the newest complete log")

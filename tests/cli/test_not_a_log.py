@@ -129,17 +129,18 @@ def test_restore_check_labels_log_seqs_as_seqs(logdir: str) -> None:
     assert "logs replayed" not in run.out
 
 
-# -- tail -f: waits for a log that is not there yet, but not where none can ever be -------
+# -- tail -f: a location with no log is an error; with --wait, a log that is not there yet
+# -- is waited for, but not where none can ever be -------------------------------------
 
 
 def test_tail_follow_fails_at_once_on_a_regular_file(tmp_path: Path) -> None:
     # A child process: a tail -f that waits for the file to become a directory never ends.
     f = tmp_path / "state.db"
     f.write_text("x")
-    run = cli_subprocess("tail", "-f", str(f), timeout=60)
+    run = cli_subprocess("tail", "-f", "--wait", str(f), timeout=60)
     assert run.status == 2 and run.out == ""
     assert run.err.strip() == f"persistlog: no persistlog log at {f}: it is a file, not a directory"
-    below = cli_subprocess("tail", "-f", str(f / "log"), "--json", timeout=60)
+    below = cli_subprocess("tail", "-f", "--wait", str(f / "log"), "--json", timeout=60)
     assert below.status == 2
     assert json.loads(below.out)["error"] == f"no persistlog log at {f / 'log'}: {f} is a file, not a directory"
     assert f.read_text() == "x"
@@ -149,7 +150,7 @@ def test_tail_follow_fails_at_once_on_a_regular_file(tmp_path: Path) -> None:
 def test_tail_follow_fails_at_once_on_a_missing_bucket(s3_storage_options: dict) -> None:
     endpoint = s3_storage_options["client_kwargs"]["endpoint_url"]
     options = ["-o", "key=testing", "-o", "secret=testing", "-o", f"client_kwargs.endpoint_url={endpoint}"]
-    run = cli_subprocess("tail", "-f", "s3://no-such-bucket-persistlog/app", *options, timeout=60)
+    run = cli_subprocess("tail", "-f", "--wait", "s3://no-such-bucket-persistlog/app", *options, timeout=60)
     assert run.status == 2 and run.out == ""
     assert run.err.strip() == (
         "persistlog: no persistlog log at s3://no-such-bucket-persistlog/app: "
@@ -157,10 +158,18 @@ def test_tail_follow_fails_at_once_on_a_missing_bucket(s3_storage_options: dict)
     )
 
 
-def test_tail_follow_waits_for_a_log_in_a_directory_not_made_yet(tmp_path: Path) -> None:
+def test_tail_follow_without_wait_fails_on_a_typo_at_once(tmp_path: Path) -> None:
+    """A mistyped path is not a quiet log: tail -f says there is no log there (exit 2)."""
+    run = cli_subprocess("tail", "-f", str(tmp_path / "typo"), timeout=60)
+    assert run.status == 2 and run.out == ""
+    assert run.err.startswith(f"persistlog: no persistlog log at {tmp_path / 'typo'}")
+    assert cli_subprocess("tail", "--wait", str(tmp_path / "typo"), timeout=60).status == 2
+
+
+def test_tail_follow_wait_waits_for_a_log_in_a_directory_not_made_yet(tmp_path: Path) -> None:
     url = str(tmp_path / "later" / "log")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "persistlog", "tail", "-f", url, "--json", "--interval", "0.05"],
+        [sys.executable, "-m", "persistlog", "tail", "-f", "--wait", url, "--json", "--interval", "0.05"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     deadline = threading.Timer(60, proc.kill)  # a tail that prints nothing fails, never hangs
