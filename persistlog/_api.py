@@ -104,8 +104,10 @@ def restore(
     decode acyclic, and only cycles the app makes meanwhile wait for it. A torn tail left by a crash is dropped and reported in the result; any other
     damage raises :class:`CorruptLogError` naming destination, log, segment and offset
     (``recovery="skip"`` passes over damage and lists it in ``result.skipped``). A missing
-    or empty destination returns ``found=False`` (or raises :class:`LogNotFoundError` with
-    ``missing_ok=False``). Memory stays bounded by the largest batch.
+    or empty destination returns ``found=False`` and logs so: the default suits an app's
+    first start, which restores a location it is about to create; a tool reading a log that
+    must exist passes ``missing_ok=False`` and gets :class:`LogNotFoundError` for a
+    mistyped path. Memory stays bounded by the largest batch.
 
     The process remembers where the restore ended, so that a later ``open(url, ...)`` in
     the same process, with nothing written in between, may start a new log there.
