@@ -123,6 +123,9 @@ def unseal_newest(path: str) -> BatchAt:
     seal = next(b for b in reversed(all_batches) if b.control == "seal")
     with open(os.path.join(path, seal.segment), "r+b") as f:
         f.truncate(seal.offset)
+    # A writer killed mid-run writes no CLOSED note (the clean close that made this log did).
+    if os.path.exists(os.path.join(path, "CLOSED")):
+        os.remove(os.path.join(path, "CLOSED"))
     return [b for b in all_batches if b.log == seal.log and (b.segment, b.offset) < (seal.segment, seal.offset)][-1]
 
 

@@ -53,6 +53,10 @@ def unseal(segment_path: str) -> int:
     assert seal_at is not None, f"{segment_path} is not sealed"
     with open(segment_path, "r+b") as f:
         f.truncate(seal_at)
+    # A writer that died wrote no CLOSED note either (its clean close did, in fact).
+    closed = os.path.join(os.path.dirname(segment_path), F.CLOSED_NAME)
+    if os.path.exists(closed):
+        os.remove(closed)
     return seal_at
 
 
