@@ -32,7 +32,7 @@ from persistlog._jsonify import (
 )
 from persistlog._reader import Batch, LogScanner
 
-from ._plan import LogPartition
+from ._plan import LogPartition, SetPartition
 from ._schema import TIMESTAMP, arrow_schema
 
 log = logging.getLogger("spark_replay")
@@ -196,7 +196,7 @@ class _Columns:
     def __init__(self, part: LogPartition) -> None:
         self.part = part
         self.resource = part.convention == "resource"
-        self.schema = arrow_schema("records", part.convention)
+        self.schema = arrow_schema("records", part.convention, part.log_key is not None)
         self.json = JsonRecords()
         self.rows = 0
         self.segments = _Column(pa.int64())
@@ -296,7 +296,8 @@ class _Columns:
                 values.append(None)
 
     def flush(self) -> pa.RecordBatch:
-        cols = [
+        key = [] if self.part.log_key is None else [pa.repeat(pa.scalar(self.part.log_key, pa.string()), self.rows)]
+        cols = key + [
             pa.repeat(pa.scalar(self.part.seq, pa.int64()), self.rows),
             self.segments.finish(),
             self.lsns.finish(),
@@ -364,8 +365,9 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
                     pass
             except Damage as d:
                 rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+        key = () if part.log_key is None else (part.log_key,)
         for p in rng.problems:
-            yield (p.log, p.segment, p.segment_name, p.offset, p.length, p.kind, p.reason)
+            yield (*key, p.log, p.segment, p.segment_name, p.offset, p.length, p.kind, p.reason)
     finally:
         dest.close()
 
@@ -376,3 +378,34 @@ def _count_only(data: bytes) -> Any:
 
 def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
     return read_problems if view == "corrupt" else read_records
+
+
+def read_set(part: SetPartition, view: str) -> Iterator[Any]:
+    """The rows of a log set's task: each of its logs' ranges in turn. Record batches of
+    small logs are joined up to ``CHUNK_ROWS`` rows, so that Spark takes a few large Arrow
+    batches rather than one per log."""
+    read = reader_for(view)
+    if view == "corrupt":
+        for p in part.parts:
+            yield from read(p)
+        return
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for p in part.parts:
+        for batch in read(p):
+            if batch.num_rows >= CHUNK_ROWS and not pending:
+                yield batch
+                continue
+            pending.append(batch)
+            rows += batch.num_rows
+            if rows >= CHUNK_ROWS:
+                yield _joined(pending)
+                pending, rows = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
