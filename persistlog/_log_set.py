@@ -3,8 +3,8 @@
 ::
 
     root/LOGSET                  the marker: this is a log set, and how deep its shards are
-    root/3f/user%3A1/...         depth 1: the log of key "user:1" (256 shards)
-    root/3f/a0/user%3A1/...      depth 2 (65,536 shards)
+    root/ab/user%3A1/...         depth 1: the log of key "user:1" (256 shards)
+    root/ab/c3/user%3A1/...      depth 2 (65,536 shards)
 
 A key's shards are the first ``depth`` bytes of the SHA-256 of its UTF-8 bytes, in
 lowercase hex, one directory per byte; its directory is the key percent-encoded (every

@@ -19,7 +19,7 @@ object.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -50,6 +50,10 @@ WALK_CHUNK = 64 * 1024
 IO_THREADS = 16
 # Logs of a set surveyed at once (each of them then overlaps its own reads).
 SET_THREADS = 16
+# What opening, planning and scanning one more log costs a task beside its bytes, as bytes
+# it could have read instead (about 0.3 ms, the time of ~40 KiB of small records): a set
+# of many small logs is spread over every core, as a big log is.
+LOG_COST_BYTES = 48 * 1024
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -425,78 +429,126 @@ def _partitions(
 # -- a log set: every log's partitions, planned at once, packed into tasks -----------------
 
 
+@dataclass(frozen=True)
+class LaterLog:
+    """A small log of a set that its task surveys itself (``plan_log``) before reading it:
+    what it costs to plan is spent on the executors, beside the reads, not on the driver."""
+
+    key: str
+    url: str
+    nbytes: int
+
+
 @dataclass(repr=False)
 class SetPartition(InputPartition):
-    """One task's share of a log set: ranges of one or more of its logs, read in turn
-    (small logs are packed together, as small segments of one log are)."""
+    """One task's share of a log set, read in turn: ranges of logs planned on the driver
+    (``LogPartition``) and whole small logs the task plans itself (``LaterLog``)."""
 
-    parts: tuple[LogPartition, ...]
+    opts: ReadOptions
+    target: int
+    units: tuple[LogPartition | LaterLog, ...] = ()
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
+        return sum(u.nbytes for u in self.units)
 
     def __repr__(self) -> str:
-        keys = sorted({p.log_key or "" for p in self.parts})
-        return f"SetPartition({len(self.parts)} range(s) of {len(keys)} log(s), ~{self.nbytes} bytes)"
+        later = sum(isinstance(u, LaterLog) for u in self.units)
+        return (
+            f"SetPartition({len(self.units) - later} range(s), {later} whole log(s), "
+            f"~{self.nbytes} bytes)"
+        )
+
+    def ranges(self) -> Iterator[LogPartition]:
+        """Every range this task reads, in order (whole logs planned as they come)."""
+        for unit in self.units:
+            if isinstance(unit, LogPartition):
+                yield unit
+            else:
+                yield from plan_log(unit.key, unit.url, self.opts, self.target)
+
+
+def plan_log(key: str, url: str, opts: ReadOptions, target: int) -> list[LogPartition]:
+    """The ranges of one log of a set, ``target`` bytes each at most (``opts`` are the
+    read's, for one log); none when the key's directory holds no log yet (an open that
+    failed, a key being created)."""
+    dest = open_destination(url, **opts.storage_options)
+    try:
+        return _partitions_of(_survey_log(dest, opts), opts, target, key)
+    except LogNotFoundError:
+        log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
+        return []
+    except FileNotFoundError as e:
+        raise _vanished(e, url) from e
+    finally:
+        dest.close()
+
+
+def _log_bytes(dest: Destination) -> int:
+    """Bytes of every segment of every log at ``dest`` (0: no log)."""
+    listing = list_logs(dest)
+    names = [name for segments in listing.values() for _n, name in segments]
+    if dest.appendable:
+        return sum(dest.size(name) for name in names)
+    return sum(_map(dest.size, names))
 
 
 def plan_set(opts: ReadOptions) -> list[SetPartition]:
     """The partitions of a read of every log of the log set at ``opts.url``.
 
-    The keys are listed shard by shard (``LogSet.keys``); every log is surveyed at once
-    (``SET_THREADS`` at a time), the share per task is worked out from the bytes of the
-    whole set, and each log's ranges are packed with its neighbours' up to that share. A
-    key whose directory holds no log yet (an open that failed) adds nothing.
+    The keys are listed shard by shard (``LogSet.keys``) and each log's bytes are counted
+    (one listing and its segments' sizes; on a remote store ``SET_THREADS`` logs at once);
+    the share per task is worked out from the bytes of the whole set. A log within one
+    share is read whole by one task, which plans it itself (``LaterLog``): planning a log
+    costs some reads of headers, which a set of many small logs would otherwise make the
+    driver do one log after the other. A bigger log is planned here, as a read of one log
+    is, and cut into ranges. Tasks take logs and ranges in key order up to the share.
     """
     logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
     keys = list(logset.keys())
     single = replace(opts, log_set=False)
+    root = open_destination(opts.url, **opts.storage_options)
+    local = root.appendable
+    root.close()
 
-    def survey(key: str) -> _LogRead | None:
+    def size(key: str) -> int:
         dest = open_destination(logset.url(key), **opts.storage_options)
         try:
-            return _survey_log(dest, single)
-        except LogNotFoundError:
-            log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
-            dest.close()
-            return None
+            return _log_bytes(dest)
         except FileNotFoundError as e:
-            dest.close()
             raise _vanished(e, dest.url) from e
-        except BaseException:
-            dest.close()
-            raise
-
-    with ThreadPoolExecutor(max(1, min(SET_THREADS, len(keys))), thread_name_prefix="persistlog-plan-set") as pool:
-        reads = list(pool.map(survey, keys))
-        try:
-            found = [(k, r) for k, r in zip(keys, reads) if r is not None]
-            target = split_bytes(sum(r.nbytes for _k, r in found), opts)
-
-            def cut(item: tuple[str, _LogRead]) -> list[LogPartition]:
-                key, read = item
-                try:
-                    return _partitions_of(read, single, target, key)
-                except FileNotFoundError as e:
-                    raise _vanished(e, read.dest.url) from e
-
-            ranges = [p for parts in pool.map(cut, found) for p in parts]
         finally:
-            for r in reads:
-                if r is not None:
-                    r.dest.close()
-    tasks: list[list[LogPartition]] = []
+            dest.close()
+
+    sizes = _map_logs(size, keys, local)
+    target = split_bytes(sum(n + LOG_COST_BYTES for n in sizes if n), opts)
+    big = [key for key, n in zip(keys, sizes) if n + LOG_COST_BYTES > target]
+    ranges = dict(zip(big, _map_logs(lambda key: plan_log(key, logset.url(key), single, target), big, local)))
+    tasks: list[SetPartition] = []
     total = 0
-    for part in ranges:
-        if tasks and total + part.nbytes <= target:
-            tasks[-1].append(part)
-            total += part.nbytes
-        else:
-            tasks.append([part])
-            total = part.nbytes
+    for key, n in zip(keys, sizes):
+        if n == 0:
+            continue
+        units: list[LogPartition | LaterLog] = list(ranges[key]) if key in ranges else [LaterLog(key, logset.url(key), n)]
+        for unit in units:
+            cost = unit.nbytes + LOG_COST_BYTES
+            if not tasks or total + cost > target:
+                tasks.append(SetPartition(single, target))
+                total = 0
+            tasks[-1].units += (unit,)
+            total += cost
     log.info(
-        "planned %d partition(s) over %d log(s) of %d key(s) at %s (%s bytes)",
-        len(tasks), sum(len(r.kept) for _k, r in found), len(found), opts.url, sum(p.nbytes for p in ranges),
+        "planned %d partition(s) over %d log(s) at %s (%s bytes; %d log(s) planned by their tasks)",
+        len(tasks), sum(1 for n in sizes if n), opts.url, sum(sizes),
+        sum(isinstance(u, LaterLog) for t in tasks for u in t.units),
     )
-    return [SetPartition(tuple(t)) for t in tasks]
+    return tasks
+
+
+def _map_logs(fn: Callable[[str], R], keys: list[str], local: bool) -> list[R]:
+    """``fn`` over the keys of a set: one after the other locally (each call is a few
+    system calls, which threads would only slow down), ``SET_THREADS`` at once remotely."""
+    if local or len(keys) <= 1:
+        return [fn(key) for key in keys]
+    with ThreadPoolExecutor(min(SET_THREADS, len(keys)), thread_name_prefix="persistlog-plan-set") as pool:
+        return list(pool.map(fn, keys))

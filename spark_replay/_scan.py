@@ -149,7 +149,7 @@ class _Column:
             self.pending.extend(repeat(value, n))
 
     def count_up(self, first: int, n: int) -> None:
-        if n >= _ARROW_RUN:
+        if n >= _ARROW_COUNT:
             self.chunk(pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, self.type), n)), first - 1))
         else:
             self.pending.extend(range(first, first + n))
@@ -175,7 +175,9 @@ class _Column:
 
 
 # Rows from which a batch's columns are built by Arrow rather than through a list.
-_ARROW_RUN = 64
+_ARROW_RUN = 512
+# The same for a count up (three Arrow calls, each dearer than a list of a few hundred).
+_ARROW_COUNT = 1024
 
 
 def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:
@@ -196,9 +198,12 @@ class _Columns:
     def __init__(self, part: LogPartition) -> None:
         self.part = part
         self.resource = part.convention == "resource"
-        self.schema = arrow_schema("records", part.convention, part.log_key is not None)
+        self.log_set = part.log_key is not None
+        self.schema = arrow_schema("records", part.convention, self.log_set)
         self.json = JsonRecords()
         self.rows = 0
+        self.log_keys = _Column(pa.string())
+        self.seqs = _Column(pa.int64())
         self.segments = _Column(pa.int64())
         self.lsns = _Column(pa.int64())
         self.commits = _Column(TIMESTAMP)
@@ -209,6 +214,11 @@ class _Columns:
         self.keys = _Column(pa.string())
         self.key_jsons = _Column(pa.string())
         self.values = _Column(pa.string())
+
+    def begin(self, part: LogPartition) -> None:
+        """The rows added next come from ``part`` (a task of a log set reads several logs
+        into one builder: one Arrow batch for many small logs)."""
+        self.part = part
 
     def add(self, batch: Batch, lo: int, hi: int) -> None:
         """Rows for records ``[lo, hi)`` of ``batch``."""
@@ -258,6 +268,10 @@ class _Columns:
     def _common(self, batch: Batch, lo: int, n: int, kind: str | None, kinds: Sequence[str] | None) -> None:
         first = batch.first_lsn + lo
         self.rows += n
+        part = self.part
+        if self.log_set:
+            self.log_keys.repeat(part.log_key, n)
+        self.seqs.repeat(part.seq, n)
         self.segments.repeat(batch.segment, n)
         self.lsns.count_up(first, n)
         self.commits.repeat(batch.header.commit_us, n)
@@ -265,7 +279,6 @@ class _Columns:
             self.kinds.repeat(kind, n)
         else:
             self.kinds.extend(kinds)
-        part = self.part
         base_from = part.base_from
         if base_from is None or first + n - 1 < base_from:
             self.bases.repeat(part.prev_base, n)
@@ -296,9 +309,9 @@ class _Columns:
                 values.append(None)
 
     def flush(self) -> pa.RecordBatch:
-        key = [] if self.part.log_key is None else [pa.repeat(pa.scalar(self.part.log_key, pa.string()), self.rows)]
-        cols = key + [
-            pa.repeat(pa.scalar(self.part.seq, pa.int64()), self.rows),
+        cols = [self.log_keys.finish()] if self.log_set else []
+        cols += [
+            self.seqs.finish(),
             self.segments.finish(),
             self.lsns.finish(),
             self.commits.finish(),
@@ -318,10 +331,19 @@ def _open(part: LogPartition) -> Destination:
 
 def read_records(part: LogPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one partition, as Arrow record batches in LSN order."""
+    cols = _Columns(part)
+    yield from _records_into(part, cols)
+    if cols.rows:
+        yield cols.flush()
+
+
+def _records_into(part: LogPartition, cols: _Columns) -> Iterator[pa.RecordBatch]:
+    """The rows of ``part`` added to ``cols``; a batch whenever ``CHUNK_ROWS`` are there
+    (what is left stays in ``cols``)."""
     dest = _open(part)
     try:
         rng = _Range(dest, part)
-        cols = _Columns(part)
+        cols.begin(part)
         from_lsn, to_lsn = part.from_lsn, part.to_lsn
         for batch in rng.batches():
             if batch.is_control:
@@ -340,8 +362,6 @@ def read_records(part: LogPartition) -> Iterator[pa.RecordBatch]:
                 continue
             if cols.rows >= CHUNK_ROWS:
                 yield cols.flush()
-        if cols.rows:
-            yield cols.flush()
         skipped = sum(p.kind == "skipped" for p in rng.problems)
         if skipped:
             log.warning(
@@ -381,31 +401,16 @@ def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
 
 
 def read_set(part: SetPartition, view: str) -> Iterator[Any]:
-    """The rows of a log set's task: each of its logs' ranges in turn. Record batches of
-    small logs are joined up to ``CHUNK_ROWS`` rows, so that Spark takes a few large Arrow
-    batches rather than one per log."""
-    read = reader_for(view)
+    """The rows of a log set's task: each of its logs' ranges in turn, gathered into Arrow
+    batches of up to ``CHUNK_ROWS`` rows whichever logs they come from."""
     if view == "corrupt":
-        for p in part.parts:
-            yield from read(p)
+        for p in part.ranges():
+            yield from read_problems(p)
         return
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for p in part.parts:
-        for batch in read(p):
-            if batch.num_rows >= CHUNK_ROWS and not pending:
-                yield batch
-                continue
-            pending.append(batch)
-            rows += batch.num_rows
-            if rows >= CHUNK_ROWS:
-                yield _joined(pending)
-                pending, rows = [], 0
-    if pending:
-        yield _joined(pending)
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    cols: _Columns | None = None
+    for p in part.ranges():
+        if cols is None:
+            cols = _Columns(p)
+        yield from _records_into(p, cols)
+    if cols is not None and cols.rows:
+        yield cols.flush()
