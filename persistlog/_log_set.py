@@ -28,6 +28,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -171,7 +172,7 @@ def _what_is_there(dest: Destination, files: list[str], dirs: list[str]) -> str:
     )
 
 
-class LogSet:
+class LogSet(AbstractContextManager["LogSet"]):
     """Logs named by key under one root (a directory or ``s3://bucket/prefix``), each in
     its shard directory, with :func:`persistlog.open` options shared by every log.
 
@@ -434,9 +435,6 @@ class LogSet:
         first = next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
-
-    def __enter__(self) -> LogSet:
-        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

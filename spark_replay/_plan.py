@@ -524,19 +524,23 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     target = split_bytes(sum(n + LOG_COST_BYTES for n in sizes if n), opts)
     big = [key for key, n in zip(keys, sizes) if n + LOG_COST_BYTES > target]
     ranges = dict(zip(big, _map_logs(lambda key: plan_log(key, logset.url(key), single, target), big, local)))
-    tasks: list[SetPartition] = []
-    total = 0
+    units: list[LogPartition | LaterLog] = []
     for key, n in zip(keys, sizes):
-        if n == 0:
-            continue
-        units: list[LogPartition | LaterLog] = list(ranges[key]) if key in ranges else [LaterLog(key, logset.url(key), n)]
-        for unit in units:
-            cost = unit.nbytes + LOG_COST_BYTES
-            if not tasks or total + cost > target:
-                tasks.append(SetPartition(single, target))
-                total = 0
-            tasks[-1].units += (unit,)
-            total += cost
+        if n:
+            units.extend(ranges[key] if key in ranges else [LaterLog(key, logset.url(key), n)])
+    # Equal shares of the whole cost, each task cut where its share ends: as many tasks as
+    # the target asks for, none a small remainder that would run alone after the others.
+    costs = [u.nbytes + LOG_COST_BYTES for u in units]
+    share = sum(costs) / max(1, -(-sum(costs) // target))
+    tasks: list[SetPartition] = []
+    done, bound = 0, share
+    for unit, cost in zip(units, costs):
+        if not tasks or done >= bound:
+            tasks.append(SetPartition(single, target))
+            while bound <= done:
+                bound += share
+        tasks[-1].units += (unit,)
+        done += cost
     log.info(
         "planned %d partition(s) over %d log(s) at %s (%s bytes; %d log(s) planned by their tasks)",
         len(tasks), sum(1 for n in sizes if n), opts.url, sum(sizes),

@@ -149,7 +149,7 @@ class _Column:
             self.pending.extend(repeat(value, n))
 
     def count_up(self, first: int, n: int) -> None:
-        if n >= _ARROW_COUNT:
+        if n >= _ARROW_RUN:
             self.chunk(pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, self.type), n)), first - 1))
         else:
             self.pending.extend(range(first, first + n))
@@ -175,9 +175,7 @@ class _Column:
 
 
 # Rows from which a batch's columns are built by Arrow rather than through a list.
-_ARROW_RUN = 512
-# The same for a count up (three Arrow calls, each dearer than a list of a few hundred).
-_ARROW_COUNT = 1024
+_ARROW_RUN = 64
 
 
 def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:

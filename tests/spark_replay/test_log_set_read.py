@@ -8,6 +8,7 @@ through pickle); two small tests then run the same on the run's one Spark sessio
 from __future__ import annotations
 
 import io
+import json
 import pickle
 from dataclasses import replace
 from pathlib import Path
@@ -91,6 +92,22 @@ def test_a_set_is_planned_at_once_and_packed_into_few_tasks(tmp_path: Path) -> N
     assert set(by_key) == set(KEYS)  # the key that holds no log adds nothing
     # One log keeps its schema: no log_key column.
     assert "log_key" not in ddl("records", "resource") and ddl("records", "resource", True).startswith("log_key STRING NOT NULL, ")
+
+
+def test_a_set_on_s3_reads_without_spark_as_restore_replays_it(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
+    root = f"s3://{s3_bucket}/queues"
+    with persistlog.LogSet(root, storage_options=s3_storage_options) as logset:
+        for i in range(6):
+            lg = logset.open(f"q/{i}", lambda emit: None)
+            lg.update_many([{"op": "put", "key": j, "value": i} for j in range(i + 1)])
+    opts = replace(
+        ReadOptions.parse({"path": root, "storage_options": json.dumps(s3_storage_options)}), log_set=True
+    )
+    rows = [r for p in plan(opts) for b in read_set(pickle.loads(pickle.dumps(p)), "records") for r in pa.Table.from_batches([b]).to_pylist()]
+    got: dict[str, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: r["lsn"]):
+        got.setdefault(r["log_key"], []).append(from_json(r["record"]))
+    assert got == {f"q/{i}": [{"op": "put", "key": j, "value": i} for j in range(i + 1)] for i in range(6)}
 
 
 @pytest.mark.spark
