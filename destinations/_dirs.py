@@ -5,6 +5,10 @@ destinations out in a tree of directories, and walks it one level at a time. Loc
 is one ``scandir``; on any fsspec filesystem one ``ls`` of the directory, which on S3 is
 ``ListObjectsV2`` with ``Delimiter="/"``: one request per 1,000 entries of that level,
 however many objects lie deeper. Listings are never served from fsspec's cache.
+
+The directory is opened as a destination (``open_destination``), so its storage options
+mean what they mean to the driver (its own ``persistlog`` option, the S3 client settings)
+and its retry policy applies.
 """
 
 from __future__ import annotations
@@ -12,41 +16,43 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import fsspec  # type: ignore[import-untyped,unused-ignore]
-
-from ._registry import destination_url, split_protocol
-from ._retry import RetryPolicy
-from .local import path_from_url
-
-
 def subdirectories(url: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> list[str]:
     """Names of the directories directly under ``url``, sorted; ``[]`` when it is missing
-    (or, on S3, holds nothing). ``storage_options`` go to fsspec untouched. A storage
-    failure is an ``OSError``, after the retries of transient ones."""
-    url = destination_url(url)
-    protocol, rest = split_protocol(url)
-    if protocol in ("file", "local"):
-        return _local(path_from_url(url))
-    fs = fsspec.filesystem(protocol, **(storage_options or {}))
-    root = fs._strip_protocol(f"{protocol}://{rest}").rstrip("/")
+    (or, on S3, holds nothing). A storage failure is an ``OSError``, after the retries of
+    transient ones."""
+    # Imported here: the package imports its drivers lazily (fsspec only when needed).
+    from . import open_destination
+    from .local import LocalDestination
 
-    def ls() -> list[dict[str, Any]]:
-        fs.invalidate_cache(root)
-        try:
-            return list(fs.ls(root, detail=True))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
+    dest = open_destination(url, **(storage_options or {}))
     try:
-        entries = RetryPolicy().call(ls, f"listing the directories of {url}")
-    except OSError:
-        raise
-    except Exception as e:
-        # Client-library errors leave this package as built-ins, as the drivers' do.
-        raise OSError(f"listing the directories of {url}: {type(e).__name__}: {e}") from e
-    return sorted(
-        e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"
-    )
+        if isinstance(dest, LocalDestination):
+            return _local(dest.path)
+        from .objectstore import ObjectStoreDestination
+
+        if not isinstance(dest, ObjectStoreDestination):
+            raise ValueError(f"{dest.url}: cannot list the directories of a {type(dest).__name__}")
+        fs, root = dest.fs, dest.root
+
+        def ls() -> list[dict[str, Any]]:
+            fs.invalidate_cache(root)
+            try:
+                return list(fs.ls(root, detail=True))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+
+        try:
+            entries = dest.retry_policy.call(ls, f"listing the directories of {dest.url}")
+        except OSError:
+            raise
+        except Exception as e:
+            # Client-library errors leave this package as built-ins, as the drivers' do.
+            raise OSError(f"listing the directories of {dest.url}: {type(e).__name__}: {e}") from e
+        return sorted(
+            e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory"
+        )
+    finally:
+        dest.close()
 
 
 def _local(path: str) -> list[str]:
