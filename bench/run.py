@@ -18,6 +18,7 @@ from typing import Any
 import async_log
 import core
 import follower
+import logset
 import s3
 import shapes
 import spark_stream
@@ -37,6 +38,8 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "follower": follower.BENCHMARKS,
     "shapes": shapes.BENCHMARKS,
     "asyncio": async_log.BENCHMARKS,
+    # logset.spark runs with the Spark benchmarks (full runs, --spark, --only logset).
+    "logset": logset.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }

@@ -24,6 +24,7 @@ import os as _os
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
+from ._dirs import subdirectories
 from ._owner import HOLDER_NAMES, HolderRecord
 from ._registry import available, destination_url, driver_for, register, split_protocol, with_hint
 
@@ -38,6 +39,7 @@ __all__ = [
     "destination_url",
     "open_destination",
     "register",
+    "subdirectories",
 ]
 
 

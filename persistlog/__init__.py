@@ -24,6 +24,7 @@ from ._errors import (
     LogClosedError,
     LogFailedError,
     LogNotFoundError,
+    LogSetError,
     MissingDependencyError,
     PersistLogError,
     ResetRequired,
@@ -32,6 +33,7 @@ from ._errors import (
 from ._follower import Cursor, FollowedBatch, Follower, Lag, follow
 from ._format import FORMAT_VERSION
 from ._log import Log
+from ._log_set import LogSet, LogSetOptions
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._secondaries import SecondaryLag
@@ -60,6 +62,9 @@ __all__ = [
     "LogClosedError",
     "LogFailedError",
     "LogNotFoundError",
+    "LogSet",
+    "LogSetError",
+    "LogSetOptions",
     "MissingDependencyError",
     "OpenOptions",
     "PersistLogError",

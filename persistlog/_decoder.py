@@ -343,6 +343,20 @@ def parse_pointer(buf: bytes) -> int | None:
     return int(seq)
 
 
+def parse_log_set_marker(buf: bytes) -> int:
+    """The depth a LOGSET marker states; :class:`Damage` (offset 0) says why ``buf`` is not
+    one this version reads."""
+    if len(buf) != F.LOG_SET_SIZE or not buf.startswith(F.LOG_SET_MAGIC):
+        raise Damage(f"not a log set marker ({len(buf)} bytes starting {buf[:8]!r})", 0)
+    body = buf[: F.LOG_SET.size]
+    _magic, version, depth, _reserved = F.LOG_SET.unpack(body)
+    if F.U32.unpack_from(buf, F.LOG_SET.size)[0] != _crc32(body):
+        raise Damage("log set marker checksum mismatch", 0)
+    if version != F.LOG_SET_VERSION:
+        raise Damage(f"log set layout version {version} is unknown to this persistlog (it reads {F.LOG_SET_VERSION})", 0)
+    return int(depth)
+
+
 def is_snapshot(kind: int, bitmap: bytes | None, index: int) -> bool:
     if kind == F.KIND_SNAPSHOT:
         return True

@@ -79,6 +79,12 @@ def seal_trailer(seal_offset: int) -> bytes:
     return head + F.U32.pack(_crc32(head))
 
 
+def log_set_marker(depth: int) -> bytes:
+    """The LOGSET marker of a log set whose keys lie ``depth`` shard levels deep."""
+    head = F.LOG_SET.pack(F.LOG_SET_MAGIC, F.LOG_SET_VERSION, depth, 0)
+    return head + F.U32.pack(_crc32(head))
+
+
 def pointer(seq: int) -> bytes:
     head = F.POINTER.pack(F.POINTER_MAGIC, F.FORMAT_VERSION, 0, seq)
     return head + F.U32.pack(_crc32(head))

@@ -14,7 +14,8 @@
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
     ├── ResetRequired          a follower's cursor points at data retention already deleted
-    └── ExistingLogError       open() over records nobody restored (restore first, or discard)
+    ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
+    └── LogSetError            a LogSet's root holds something else, or a set of another depth
 
 Misuse of the API (wrong types, unknown options) raises the built-in ``TypeError`` or
 ``ValueError`` with a message that says what is wrong.
@@ -164,3 +165,10 @@ class ExistingLogError(PersistLogError):
     ``restore(url, ...)`` then ``open(url, ...)`` with nothing written in between), or pass
     ``discard_existing=True`` to start over on purpose.
     """
+
+
+class LogSetError(PersistLogError):
+    """A :class:`persistlog.LogSet` cannot be opened at its root: the root holds something
+    other than a log set (a log, other files, directories without a ``LOGSET`` marker), a
+    marker this version does not read, or a set of another ``depth`` than the one asked for.
+    The message names what is there."""

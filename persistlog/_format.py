@@ -36,6 +36,14 @@ CLOSED_MAGIC = b"PLOGCLSD"
 CLOSED = struct.Struct("<8sHHQQ")
 CLOSED_SIZE = CLOSED.size + 4  # 32
 
+# LOGSET, the marker at the root of a log set: magic, marker version, depth, reserved,
+# CRC-32. Its version is the set's layout (how keys become shard and directory names).
+LOG_SET_MAGIC = b"PLOGLSET"
+LOG_SET = struct.Struct("<8sHBB")
+LOG_SET_SIZE = LOG_SET.size + 4  # 16
+LOG_SET_VERSION = 1
+LOG_SET_NAME = "LOGSET"
+
 U32 = struct.Struct("<I")
 
 # Batch flags.

@@ -67,6 +67,14 @@ value         string     ``convention="resource"`` only: the value as JSON text 
 A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
 holding no log fails the read with :class:`persistlog.LogNotFoundError`.
 
+The root of a :class:`persistlog.LogSet` (its ``LOGSET`` marker says so) reads as one table
+of every log of the set: each row carries ``log_key`` (a ``string`` column, first), the key
+of its log, and otherwise that log's own columns (``log_seq``, ``lsn`` and ``base_log`` are
+per log). The options apply to every log (``logs=latest``: each log from its newest
+complete log; ``from_lsn``/``to_lsn``: in each log's LSNs). A single log's schema has no
+``log_key``. :func:`state` of such a frame replays each log on its own. Streaming a set is
+not supported yet: the query fails saying so.
+
 ``spark.readStream.format("persistlog").load(url)`` follows the live log with the same
 columns and options, plus ``startingPosition`` (``restore``, ``earliest``, ``latest`` or a
 cursor), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``

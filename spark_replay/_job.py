@@ -131,22 +131,36 @@ class Summary:
     as_of_lsn: int | None
     keys: int | None
     corrupt: int | None
+    #: A log set: how many of its logs (keys) were read, and how many generations in all.
+    log_keys: int | None = None
+    log_count: int = 0
+    as_of_time: str | None = None
 
     def print(self, stream: TextIO) -> None:
-        logs = f"{len(self.logs)}" + (f" (log {self.logs[0]}..{self.logs[-1]})" if self.logs else "")
+        if self.log_keys is not None:
+            # A set: every log numbers its own seqs and LSNs, so no range means anything.
+            logs = f"{self.log_keys} log(s) of a log set ({self.log_count} generations)"
+            lsns = ""
+        else:
+            logs = f"{len(self.logs)}" + (f" (log {self.logs[0]}..{self.logs[-1]})" if self.logs else "")
+            lsns = f" (LSN {self.first_lsn}..{self.last_lsn})" if self.records else ""
         lines = [
             f"replayed {self.url}",
             f"  logs:       {logs}",
-            f"  records:    {self.records}" + (f" (LSN {self.first_lsn}..{self.last_lsn})" if self.records else ""),
+            f"  records:    {self.records}" + lsns,
             f"  time range: {self.first_time} .. {self.last_time}" if self.records else "  time range: -",
         ]
-        if self.keys is not None:
+        if self.keys is not None and self.log_keys is not None:
+            when = f"as of {self.as_of_time}" if self.as_of_time else "each log as of its newest record"
+            lines.append(f"  keys:       {self.keys} live ({when})")
+        elif self.keys is not None:
             lines.append(f"  keys:       {self.keys} live as of LSN {self.as_of_lsn}")
         else:
             lines.append("  keys:       - (no state: raw logs need --key)")
         if self.corrupt is not None:
             lines.append(f"  corrupt:    {self.corrupt} damaged range(s) passed over, see {self.out}/_corrupt")
-        lines.append(f"  written:    {self.out}/events (by log_seq)" + ("" if self.keys is None else f", {self.out}/state"))
+        by = "log_key, log_seq" if self.log_keys is not None else "log_seq"
+        lines.append(f"  written:    {self.out}/events (by {by})" + ("" if self.keys is None else f", {self.out}/state"))
         stream.write("\n".join(lines) + "\n")
 
 
@@ -261,9 +275,11 @@ def _explain(exc: BaseException) -> str:
     return first[0] if first else type(exc).__name__
 
 
-def _check_input(url: str, storage_options: dict[str, Any]) -> None:
-    """Fail fast, before Spark starts, when there is nothing to replay."""
+def _check_input(url: str, storage_options: dict[str, Any]) -> bool:
+    """Fail fast, before Spark starts, when there is nothing to replay; True when ``url``
+    is a log set."""
     from destinations import open_destination
+    from persistlog._log_set import LogSet
     from persistlog._reader import list_logs
 
     try:
@@ -271,8 +287,13 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> None:
     except (ValueError, ImportError, TypeError) as e:
         raise JobError(f"cannot open {url}: {e}") from None
     try:
-        if not list_logs(dest):
-            raise JobError(f"no persistlog logs at {url}")
+        if list_logs(dest):
+            return False
+        if _is_log_set(url, storage_options):
+            if next(iter(LogSet(url, create=False, storage_options=storage_options).keys()), None) is None:
+                raise JobError(f"the log set at {url} holds no log")
+            return True
+        raise JobError(f"no persistlog logs at {url}")
     except JobError:
         raise
     except Exception as e:  # any storage complaint is bad input from the job's point of view
@@ -281,20 +302,32 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> None:
         dest.close()
 
 
-def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Output]:
-    """Every check that needs no Spark: arguments, the input, the output."""
+def _is_log_set(url: str, storage_options: dict[str, Any]) -> bool:
+    from persistlog._log_set import read_marker
+
+    try:
+        return read_marker(url, storage_options) is not None
+    except Exception as e:  # a marker this version cannot read, or storage trouble
+        raise JobError(f"cannot read {url}: {e}") from None
+
+
+def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Output, bool]:
+    """Every check that needs no Spark: arguments, the input (and whether it is a log
+    set), the output."""
     storage_options = parse_storage_options(args.storage_option)
     if args.convention == "raw" and args.op and not args.key:
         raise JobError("--op needs --key")
     if args.convention == "resource" and (args.key or args.op):
         raise JobError("--key/--op are for --convention raw")
     output = Output.prepare(args.out, args.overwrite)
-    _check_input(args.url, storage_options)
-    return storage_options, output
+    log_set = _check_input(args.url, storage_options)
+    if log_set and args.as_of_lsn is not None:
+        raise JobError(f"{args.url} is a log set, whose logs each number their own LSNs: --as-of-lsn does not apply; give --as-of-time")
+    return storage_options, output, log_set
 
 
 def run(
-    args: argparse.Namespace, spark: Any, stdout: TextIO, prepared: tuple[dict[str, Any], Output] | None = None
+    args: argparse.Namespace, spark: Any, stdout: TextIO, prepared: tuple[dict[str, Any], Output, bool] | None = None
 ) -> Summary:
     """Replay into ``output.work``; the caller commits or discards it."""
     from pyspark.sql import functions as sf
@@ -302,7 +335,7 @@ def run(
     from . import corrupt_report, read
     from ._state import resolve_lsn, state
 
-    storage_options, output = prepared or prepare(args)
+    storage_options, output, log_set = prepared or prepare(args)
     output.check_remote(spark)
     options = {
         "storage_options": storage_options or None,
@@ -316,9 +349,14 @@ def run(
     events_path, state_path = f"{out}/events", f"{out}/state"
     df = read(spark, args.url, **options)
     log.info("writing %s", events_path)
-    df.write.mode(mode).partitionBy("log_seq").parquet(events_path)
+    by = ["log_key", "log_seq"] if log_set else ["log_seq"]
+    df.write.mode(mode).partitionBy(*by).parquet(events_path)
     # Later steps read the Parquet just written rather than decoding the logs again.
-    events = spark.read.parquet(events_path).withColumn("log_seq", sf.col("log_seq").cast("long"))
+    if log_set:
+        # With the source's schema: partition values (keys such as "7") keep their types.
+        events = spark.read.schema(df.schema).parquet(events_path)
+    else:
+        events = spark.read.parquet(events_path).withColumn("log_seq", sf.col("log_seq").cast("long"))
     stats = events.agg(
         sf.count(sf.lit(1)).alias("n"),
         sf.min("lsn").alias("lo"),
@@ -327,12 +365,18 @@ def run(
         sf.max("commit_time").alias("t1"),
     ).first()
     seqs = sorted(r[0] for r in events.select("log_seq").distinct().collect())
+    log_keys = events.select("log_key").distinct().count() if log_set else None
+    logs = events.select("log_key", "log_seq").distinct().count() if log_set else len(seqs)
     keys = target = None
     if args.convention == "resource" or args.key:
         key = sf.expr(args.key) if args.key else None
         op = sf.expr(args.op) if args.op else None
-        target = resolve_lsn(events, args.as_of_lsn, args.as_of_time)
-        live = state(events, key=key, op=op, as_of_lsn=target)
+        if log_set:
+            # Each log as of its newest record, or of --as-of-time.
+            live = state(events, key=key, op=op, as_of_time=args.as_of_time)
+        else:
+            target = resolve_lsn(events, args.as_of_lsn, args.as_of_time)
+            live = state(events, key=key, op=op, as_of_lsn=target)
         log.info("writing %s (state as of LSN %s)", state_path, target)
         live.write.mode(mode).parquet(state_path)
         keys = spark.read.parquet(state_path).count()
@@ -354,6 +398,9 @@ def run(
         as_of_lsn=target,
         keys=keys,
         corrupt=corrupt,
+        log_keys=log_keys,
+        log_count=logs,
+        as_of_time=args.as_of_time,
     )
 
 
@@ -445,6 +492,11 @@ def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
     keep_log = False
     try:
         check_follow_args(args)
+        if _is_log_set(args.url, parse_storage_options(args.storage_option)):
+            raise JobError(
+                f"{args.url} is a log set: --follow (a stream) does not take a log set yet; follow one "
+                "of its logs, or replay the set without --follow"
+            )
         session = spark
         if session is None:
             if not args.verbose:

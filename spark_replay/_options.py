@@ -53,6 +53,9 @@ class ReadOptions:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     min_partitions: int = 1
     view: str = "records"
+    #: The URL is a log set's root (its ``LOGSET`` marker says so): every log of the set is
+    #: read, and rows carry ``log_key``. Not an option: the source finds it out.
+    log_set: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], ignore: frozenset[str] = frozenset()) -> ReadOptions:

@@ -19,9 +19,10 @@ object.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
@@ -35,6 +36,7 @@ from persistlog._decoder import (
     parse_segment_header,
 )
 from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
+from persistlog._log_set import LogSet
 from persistlog._reader import ScanStart, SegmentBytes, declares_gap, list_logs
 from persistlog._restore import plan as restore_plan
 
@@ -46,6 +48,15 @@ log = logging.getLogger("spark_replay")
 WALK_CHUNK = 64 * 1024
 # Remote size look-ups and header walks are latency-bound: overlap them.
 IO_THREADS = 16
+# Logs of a set surveyed at once (each of them then overlaps its own reads).
+SET_THREADS = 16
+# What opening, planning and scanning one more log costs a task beside its bytes, as bytes
+# it could have read instead (about 0.3 ms, the time of ~40 KiB of small records): a set
+# of many small logs is spread over every core, as a big log is.
+LOG_COST_BYTES = 48 * 1024
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(repr=False)
@@ -78,12 +89,15 @@ class LogPartition(InputPartition):
     #: The range ends before the live end of its log (a stream's micro-batch): a batch
     #: being written after ``end`` is not a torn tail.
     tail_ok: bool = False
+    #: The log's key when it is one log of a log set (rows then carry it): None otherwise.
+    log_key: str | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.
         end = "end" if self.end is None else f"{self.end[0]}:{self.end[1]}"
+        key = "" if self.log_key is None else f"key={self.log_key!r}, "
         return (
-            f"LogPartition(log={self.seq}, {self.start[0]}:{self.start[1]}..{end}, "
+            f"LogPartition({key}log={self.seq}, {self.start[0]}:{self.start[1]}..{end}, "
             f"~{self.nbytes} bytes)"
         )
 
@@ -189,8 +203,7 @@ def _sizes(dest: Destination, lg: _Log, opts: ReadOptions) -> None:
     if dest.appendable:
         lg.sizes = [dest.size(name) for _, name in lg.segments]
     else:
-        with _pool(len(lg.segments)) as pool:
-            lg.sizes = list(pool.map(dest.size, [name for _, name in lg.segments]))
+        lg.sizes = _map(dest.size, [name for _, name in lg.segments])
 
 
 def _survey(dest: Destination, lg: _Log, split_bytes: int) -> None:
@@ -238,28 +251,58 @@ def _units(lg: _Log, target: int, max_bytes: int) -> list[tuple[int, int, int | 
     return units
 
 
-def plan(opts: ReadOptions) -> list[LogPartition]:
-    """The partitions of a read, in log and LSN order."""
+def plan(opts: ReadOptions) -> list[LogPartition] | list[SetPartition]:
+    """The partitions of a read, in log and LSN order (for a log set, in key order)."""
+    if opts.log_set:
+        return plan_set(opts)
     dest = open_destination(opts.url, **opts.storage_options)
     try:
-        return _plan(dest, opts)
+        read = _survey_log(dest, opts)
+        parts = _partitions_of(read, opts, split_bytes(read.nbytes, opts))
+        log.info(
+            "planned %d partition(s) over %d log(s) at %s (%s bytes)",
+            len(parts), len(read.kept), opts.url, sum(p.nbytes for p in parts),
+        )
+        return parts
     except FileNotFoundError as e:
-        if isinstance(e, LogNotFoundError):
-            raise
-        raise DestinationError(
-            f"a file vanished while planning the read of {opts.url} (retention by a running writer?): {e}"
-        ) from e
+        raise _vanished(e, opts.url) from e
     finally:
         dest.close()
 
 
-def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
+def _vanished(e: FileNotFoundError, url: str) -> Exception:
+    if isinstance(e, LogNotFoundError):
+        return e
+    return DestinationError(
+        f"a file vanished while planning the read of {url} (retention by a running writer?): {e}"
+    )
+
+
+@dataclass
+class _LogRead:
+    """One log's read as surveyed, before it is cut into partitions."""
+
+    dest: Destination
+    seqs: list[int]
+    gaps: set[int]
+    logs: list[_Log]
+    kept: list[_Log]
+    next_first: dict[int, int | None]
+    expect_complete: bool
+
+    @property
+    def nbytes(self) -> int:
+        return sum(sum(lg.sizes) for lg in self.kept)
+
+
+def _survey_log(dest: Destination, opts: ReadOptions) -> _LogRead:
+    """Which logs of ``dest`` the read takes, checked, with their segments' sizes."""
     listing = list_logs(dest)
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
         where = "the location does not exist" if not dest.exists() else "it holds no log"
-        raise LogNotFoundError(f"no persistlog log at {opts.url} ({where}); check the path given to load()")
+        raise LogNotFoundError(f"no persistlog log at {dest.url} ({where}); check the path given to load()")
     seqs = sorted(listing)
     expect_complete = False
     if opts.logs == "latest":
@@ -269,16 +312,14 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
         expect_complete = rp.complete
     # Logs whose writer declared that they do not continue the log before them (on a
     # secondary that was detached or behind): no replay reaches across one.
-    with _pool(len(seqs)) as pool:
-        gaps = {seq for seq, d in zip(seqs, pool.map(lambda s: declares_gap(dest, listing[s]), seqs)) if d}
+    gaps = {seq for seq, d in zip(seqs, _map(lambda s: declares_gap(dest, listing[s]), seqs)) if d}
     for a, b in zip(seqs, seqs[1:]):
         if b != a + 1 and b not in gaps:
             raise CorruptLogError(
                 f"log {a + 1} is missing between logs {a} and {b}", destination=dest.url, log=a + 1
             )
     logs = [_Log(seq, listing[seq]) for seq in seqs]
-    with _pool(len(logs)) as pool:
-        firsts = list(pool.map(lambda lg: _first_lsn(dest, lg.seq, lg.segments, opts.recovery), logs))
+    firsts = _map(lambda lg: _first_lsn(dest, lg.seq, lg.segments, opts.recovery), logs)
     for lg, first in zip(logs, firsts):
         lg.first_lsn = first
     next_first: dict[int, int | None] = {
@@ -290,11 +331,22 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
         if not (opts.from_lsn is not None and (nf := next_first[lg.seq]) is not None and nf <= opts.from_lsn)
         and not (opts.to_lsn is not None and lg.first_lsn is not None and lg.first_lsn > opts.to_lsn)
     ]
-    with _pool(len(kept)) as pool:
-        list(pool.map(lambda lg: _sizes(dest, lg, opts), kept))
-    target = split_bytes(sum(sum(lg.sizes) for lg in kept), opts)
-    with _pool(len(kept)) as pool:
-        list(pool.map(lambda lg: _survey(dest, lg, target), kept))
+    _map(lambda lg: _sizes(dest, lg, opts), kept)
+    return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete)
+
+
+def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``fn`` over ``items``, overlapped on a pool when there is more than one."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with _pool(len(items)) as pool:
+        return list(pool.map(fn, items))
+
+
+def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str | None = None) -> list[LogPartition]:
+    """A surveyed log's partitions of about ``target`` bytes (the read's share per task)."""
+    dest, seqs, gaps, logs, kept, next_first = read.dest, read.seqs, read.gaps, read.logs, read.kept, read.next_first
+    _map(lambda lg: _survey(dest, lg, target), kept)
     last_gap = max(gaps & {lg.seq for lg in kept}, default=None)
     if last_gap is not None and all(lg.complete_lsn is None for lg in kept if lg.seq >= last_gap):
         # As restore does: nothing from the last gap on is complete yet, so none of it
@@ -304,7 +356,7 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
     for i, lg in enumerate(logs[1:]):
         if lg.seq in gaps:
             next_first[logs[i].seq] = None
-    if expect_complete and kept and kept[0].seq == seqs[0] and kept[0].complete_lsn is None:
+    if read.expect_complete and kept and kept[0].seq == seqs[0] and kept[0].complete_lsn is None:
         if opts.recovery == "strict":
             raise CorruptLogError(
                 "CURRENT names this log but it has no snapshot-complete marker",
@@ -320,23 +372,21 @@ def _plan(dest: Destination, opts: ReadOptions) -> list[LogPartition]:
         if from_start and lg.first_lsn is not None:
             # The first log ever holds the whole history: any point in it can be replayed.
             base_from = 0 if lg.first_lsn == F.FIRST_LSN else lg.complete_lsn
-        parts.extend(_partitions(lg, opts, target, next_first[lg.seq], base_from, prev_base))
+        parts.extend(_partitions(lg, opts, dest.url, target, next_first[lg.seq], base_from, prev_base, log_key))
         if base_from is not None:
             prev_base = lg.seq
-    log.info(
-        "planned %d partition(s) over %d log(s) at %s (%s bytes)",
-        len(parts), len(kept), opts.url, sum(p.nbytes for p in parts),
-    )
     return parts
 
 
 def _partitions(
     lg: _Log,
     opts: ReadOptions,
+    url: str,
     target: int,
     next_log_lsn: int | None,
     base_from: int | None,
     prev_base: int | None,
+    log_key: str | None,
 ) -> list[LogPartition]:
     units = _units(lg, target, opts.max_partition_bytes)
     groups: list[list[tuple[int, int, int | None, int]]] = []
@@ -354,7 +404,7 @@ def _partitions(
         end = (groups[i + 1][0][0], groups[i + 1][0][1]) if i + 1 < len(groups) else None
         parts.append(
             LogPartition(
-                url=opts.url,
+                url=url,
                 storage_options=opts.storage_options,
                 seq=lg.seq,
                 last_segment=lg.segments[-1][0],
@@ -370,6 +420,139 @@ def _partitions(
                 convention=opts.convention,
                 view=opts.view,
                 nbytes=sum(u[3] for u in group),
+                log_key=log_key,
             )
         )
     return parts
+
+
+# -- a log set: every log's partitions, planned at once, packed into tasks -----------------
+
+
+@dataclass(frozen=True)
+class LaterLog:
+    """A small log of a set that its task surveys itself (``plan_log``) before reading it:
+    what it costs to plan is spent on the executors, beside the reads, not on the driver."""
+
+    key: str
+    url: str
+    nbytes: int
+
+
+@dataclass(repr=False)
+class SetPartition(InputPartition):
+    """One task's share of a log set, read in turn: ranges of logs planned on the driver
+    (``LogPartition``) and whole small logs the task plans itself (``LaterLog``)."""
+
+    opts: ReadOptions
+    target: int
+    units: tuple[LogPartition | LaterLog, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(u.nbytes for u in self.units)
+
+    def __repr__(self) -> str:
+        later = sum(isinstance(u, LaterLog) for u in self.units)
+        return (
+            f"SetPartition({len(self.units) - later} range(s), {later} whole log(s), "
+            f"~{self.nbytes} bytes)"
+        )
+
+    def ranges(self) -> Iterator[LogPartition]:
+        """Every range this task reads, in order (whole logs planned as they come)."""
+        for unit in self.units:
+            if isinstance(unit, LogPartition):
+                yield unit
+            else:
+                yield from plan_log(unit.key, unit.url, self.opts, self.target)
+
+
+def plan_log(key: str, url: str, opts: ReadOptions, target: int) -> list[LogPartition]:
+    """The ranges of one log of a set, ``target`` bytes each at most (``opts`` are the
+    read's, for one log); none when the key's directory holds no log yet (an open that
+    failed, a key being created)."""
+    dest = open_destination(url, **opts.storage_options)
+    try:
+        return _partitions_of(_survey_log(dest, opts), opts, target, key)
+    except LogNotFoundError:
+        log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
+        return []
+    except FileNotFoundError as e:
+        raise _vanished(e, url) from e
+    finally:
+        dest.close()
+
+
+def _log_bytes(dest: Destination) -> int:
+    """Bytes of every segment of every log at ``dest`` (0: no log)."""
+    listing = list_logs(dest)
+    names = [name for segments in listing.values() for _n, name in segments]
+    if dest.appendable:
+        return sum(dest.size(name) for name in names)
+    return sum(_map(dest.size, names))
+
+
+def plan_set(opts: ReadOptions) -> list[SetPartition]:
+    """The partitions of a read of every log of the log set at ``opts.url``.
+
+    The keys are listed shard by shard (``LogSet.keys``) and each log's bytes are counted
+    (one listing and its segments' sizes; on a remote store ``SET_THREADS`` logs at once);
+    the share per task is worked out from the bytes of the whole set. A log within one
+    share is read whole by one task, which plans it itself (``LaterLog``): planning a log
+    costs some reads of headers, which a set of many small logs would otherwise make the
+    driver do one log after the other. A bigger log is planned here, as a read of one log
+    is, and cut into ranges. Tasks take logs and ranges in key order up to the share.
+    """
+    logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
+    keys = list(logset.keys())
+    single = replace(opts, log_set=False)
+    root = open_destination(opts.url, **opts.storage_options)
+    local = root.appendable
+    root.close()
+
+    def size(key: str) -> int:
+        dest = open_destination(logset.url(key), **opts.storage_options)
+        try:
+            return _log_bytes(dest)
+        except FileNotFoundError as e:
+            raise _vanished(e, dest.url) from e
+        finally:
+            dest.close()
+
+    sizes = _map_logs(size, keys, local)
+    target = split_bytes(sum(n + LOG_COST_BYTES for n in sizes if n), opts)
+    big = [key for key, n in zip(keys, sizes) if n + LOG_COST_BYTES > target]
+    ranges = dict(zip(big, _map_logs(lambda key: plan_log(key, logset.url(key), single, target), big, local)))
+    units: list[LogPartition | LaterLog] = []
+    for key, n in zip(keys, sizes):
+        if n:
+            units.extend(ranges[key] if key in ranges else [LaterLog(key, logset.url(key), n)])
+    # Equal shares of the whole cost, each task cut where its share ends: as many tasks as
+    # the target asks for, none a small remainder that would run alone after the others.
+    costs = [u.nbytes + LOG_COST_BYTES for u in units]
+    share = sum(costs) / max(1, -(-sum(costs) // target))
+    tasks: list[SetPartition] = []
+    done, bound = 0, share
+    for unit, cost in zip(units, costs):
+        if not tasks or done >= bound:
+            tasks.append(SetPartition(single, target))
+            while bound <= done:
+                bound += share
+        tasks[-1].units += (unit,)
+        done += cost
+    log.info(
+        "planned %d partition(s) over %d log(s) at %s (%s bytes; %d log(s) planned by their tasks)",
+        len(tasks), sum(1 for n in sizes if n), opts.url, sum(sizes),
+        sum(isinstance(u, LaterLog) for t in tasks for u in t.units),
+    )
+    return tasks
+
+
+def _map_logs(fn: Callable[[str], R], keys: list[str], local: bool) -> list[R]:
+    """``fn`` over the keys of a set: one after the other locally (each call is a few
+    system calls, which threads would only slow down), ``SET_THREADS`` at once remotely."""
+    if local or len(keys) <= 1:
+        return [fn(key) for key in keys]
+    with ThreadPoolExecutor(min(SET_THREADS, len(keys)), thread_name_prefix="persistlog-plan-set") as pool:
+        return list(pool.map(fn, keys))

@@ -32,7 +32,7 @@ from persistlog._jsonify import (
 )
 from persistlog._reader import Batch, LogScanner
 
-from ._plan import LogPartition
+from ._plan import LogPartition, SetPartition
 from ._schema import TIMESTAMP, arrow_schema
 
 log = logging.getLogger("spark_replay")
@@ -196,9 +196,12 @@ class _Columns:
     def __init__(self, part: LogPartition) -> None:
         self.part = part
         self.resource = part.convention == "resource"
-        self.schema = arrow_schema("records", part.convention)
+        self.log_set = part.log_key is not None
+        self.schema = arrow_schema("records", part.convention, self.log_set)
         self.json = JsonRecords()
         self.rows = 0
+        self.log_keys = _Column(pa.string())
+        self.seqs = _Column(pa.int64())
         self.segments = _Column(pa.int64())
         self.lsns = _Column(pa.int64())
         self.commits = _Column(TIMESTAMP)
@@ -209,6 +212,11 @@ class _Columns:
         self.keys = _Column(pa.string())
         self.key_jsons = _Column(pa.string())
         self.values = _Column(pa.string())
+
+    def begin(self, part: LogPartition) -> None:
+        """The rows added next come from ``part`` (a task of a log set reads several logs
+        into one builder: one Arrow batch for many small logs)."""
+        self.part = part
 
     def add(self, batch: Batch, lo: int, hi: int) -> None:
         """Rows for records ``[lo, hi)`` of ``batch``."""
@@ -258,6 +266,10 @@ class _Columns:
     def _common(self, batch: Batch, lo: int, n: int, kind: str | None, kinds: Sequence[str] | None) -> None:
         first = batch.first_lsn + lo
         self.rows += n
+        part = self.part
+        if self.log_set:
+            self.log_keys.repeat(part.log_key, n)
+        self.seqs.repeat(part.seq, n)
         self.segments.repeat(batch.segment, n)
         self.lsns.count_up(first, n)
         self.commits.repeat(batch.header.commit_us, n)
@@ -265,7 +277,6 @@ class _Columns:
             self.kinds.repeat(kind, n)
         else:
             self.kinds.extend(kinds)
-        part = self.part
         base_from = part.base_from
         if base_from is None or first + n - 1 < base_from:
             self.bases.repeat(part.prev_base, n)
@@ -296,8 +307,9 @@ class _Columns:
                 values.append(None)
 
     def flush(self) -> pa.RecordBatch:
-        cols = [
-            pa.repeat(pa.scalar(self.part.seq, pa.int64()), self.rows),
+        cols = [self.log_keys.finish()] if self.log_set else []
+        cols += [
+            self.seqs.finish(),
             self.segments.finish(),
             self.lsns.finish(),
             self.commits.finish(),
@@ -317,10 +329,19 @@ def _open(part: LogPartition) -> Destination:
 
 def read_records(part: LogPartition) -> Iterator[pa.RecordBatch]:
     """The rows of one partition, as Arrow record batches in LSN order."""
+    cols = _Columns(part)
+    yield from _records_into(part, cols)
+    if cols.rows:
+        yield cols.flush()
+
+
+def _records_into(part: LogPartition, cols: _Columns) -> Iterator[pa.RecordBatch]:
+    """The rows of ``part`` added to ``cols``; a batch whenever ``CHUNK_ROWS`` are there
+    (what is left stays in ``cols``)."""
     dest = _open(part)
     try:
         rng = _Range(dest, part)
-        cols = _Columns(part)
+        cols.begin(part)
         from_lsn, to_lsn = part.from_lsn, part.to_lsn
         for batch in rng.batches():
             if batch.is_control:
@@ -339,8 +360,6 @@ def read_records(part: LogPartition) -> Iterator[pa.RecordBatch]:
                 continue
             if cols.rows >= CHUNK_ROWS:
                 yield cols.flush()
-        if cols.rows:
-            yield cols.flush()
         skipped = sum(p.kind == "skipped" for p in rng.problems)
         if skipped:
             log.warning(
@@ -364,8 +383,9 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
                     pass
             except Damage as d:
                 rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+        key = () if part.log_key is None else (part.log_key,)
         for p in rng.problems:
-            yield (p.log, p.segment, p.segment_name, p.offset, p.length, p.kind, p.reason)
+            yield (*key, p.log, p.segment, p.segment_name, p.offset, p.length, p.kind, p.reason)
     finally:
         dest.close()
 
@@ -376,3 +396,19 @@ def _count_only(data: bytes) -> Any:
 
 def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
     return read_problems if view == "corrupt" else read_records
+
+
+def read_set(part: SetPartition, view: str) -> Iterator[Any]:
+    """The rows of a log set's task: each of its logs' ranges in turn, gathered into Arrow
+    batches of up to ``CHUNK_ROWS`` rows whichever logs they come from."""
+    if view == "corrupt":
+        for p in part.ranges():
+            yield from read_problems(p)
+        return
+    cols: _Columns | None = None
+    for p in part.ranges():
+        if cols is None:
+            cols = _Columns(p)
+        yield from _records_into(p, cols)
+    if cols is not None and cols.rows:
+        yield cols.flush()

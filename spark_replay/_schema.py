@@ -37,21 +37,25 @@ CORRUPT_FIELDS: list[tuple[str, pa.DataType, bool]] = [
     ("reason", pa.string(), False),
 ]
 
+#: First of every row read from a log set: the key of the log holding it (absent for a log).
+LOG_KEY_FIELD: tuple[str, pa.DataType, bool] = ("log_key", pa.string(), False)
+
 _DDL = {pa.int64(): "BIGINT", pa.string(): "STRING", TIMESTAMP: "TIMESTAMP"}
 
 
-def fields(view: str, convention: str) -> list[tuple[str, pa.DataType, bool]]:
+def fields(view: str, convention: str, log_set: bool = False) -> list[tuple[str, pa.DataType, bool]]:
+    key = [LOG_KEY_FIELD] if log_set else []
     if view == "corrupt":
-        return CORRUPT_FIELDS
-    return RECORD_FIELDS + (RESOURCE_FIELDS if convention == "resource" else [])
+        return key + CORRUPT_FIELDS
+    return key + RECORD_FIELDS + (RESOURCE_FIELDS if convention == "resource" else [])
 
 
-def arrow_schema(view: str, convention: str) -> pa.Schema:
-    return pa.schema([pa.field(n, t, nullable) for n, t, nullable in fields(view, convention)])
+def arrow_schema(view: str, convention: str, log_set: bool = False) -> pa.Schema:
+    return pa.schema([pa.field(n, t, nullable) for n, t, nullable in fields(view, convention, log_set)])
 
 
-def ddl(view: str, convention: str) -> str:
+def ddl(view: str, convention: str, log_set: bool = False) -> str:
     """The schema as a Spark DDL string."""
     return ", ".join(
-        f"{n} {_DDL[t]}{'' if nullable else ' NOT NULL'}" for n, t, nullable in fields(view, convention)
+        f"{n} {_DDL[t]}{'' if nullable else ' NOT NULL'}" for n, t, nullable in fields(view, convention, log_set)
     )

@@ -10,7 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from ._options import STREAM_KNOWN, ReadOptions, StreamOptions
-from ._schema import ddl
+from ._schema import LOG_KEY_FIELD, ddl
 
 
 class PersistLogDataSource(DataSource):
@@ -30,15 +30,30 @@ class PersistLogDataSource(DataSource):
     def schema(self) -> str:
         # Asked for batch reads and streams alike; streamReader() checks the stream's options.
         opts = ReadOptions.parse(self.options, ignore=STREAM_KNOWN)
-        return ddl(opts.view, opts.convention)
+        return ddl(opts.view, opts.convention, is_log_set(opts))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return PersistLogReader(self._options())
+        # The schema says what schema() found at the URL: a log set's rows carry log_key.
+        return PersistLogReader(replace(self._options(), log_set=LOG_KEY_FIELD[0] in schema.fieldNames()))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from ._stream import PersistLogStreamReader
 
-        return PersistLogStreamReader(StreamOptions.parse(self.options))
+        opts = StreamOptions.parse(self.options)
+        if LOG_KEY_FIELD[0] in schema.fieldNames():
+            raise ValueError(
+                f"{opts.read.url} is a log set: streaming a log set is not supported yet; stream "
+                "one of its logs (LogSet.url(key)), or read the set as a batch"
+            )
+        return PersistLogStreamReader(opts)
+
+
+def is_log_set(opts: ReadOptions) -> bool:
+    """Whether ``opts.url`` is the root of a log set (its ``LOGSET`` marker): one small
+    read, a failed one for a log."""
+    from persistlog._log_set import read_marker
+
+    return read_marker(opts.url, opts.storage_options) is not None
 
 
 class PersistLogReader(DataSourceReader):
@@ -57,9 +72,13 @@ class PersistLogReader(DataSourceReader):
         return plan(opts)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        from ._plan import LogPartition
+        from ._plan import LogPartition, SetPartition
         from ._scan import reader_for
 
+        if isinstance(partition, SetPartition):
+            from ._scan import read_set
+
+            return read_set(partition, self.opts.view)
         if not isinstance(partition, LogPartition):
             # Spark reads one placeholder partition when planning found no log at all.
             return iter(())

@@ -12,6 +12,8 @@ from pyspark.sql import functions as sf
 log = logging.getLogger("spark_replay")
 
 _REQUIRED = ("log_seq", "lsn", "commit_time", "base_log")
+# The column naming each row's log in a frame read from a log set.
+LOG_KEY = "log_key"
 
 
 def _column(value: Column | str | None, df: DataFrame, default: str | None, what: str) -> Column:
@@ -108,6 +110,11 @@ def state(
 
     Returns one row per live key: ``key`` (the key expression's value; by default the
     ``key`` and ``key_json`` columns) and the winning record's other columns, minus ``op``.
+
+    A frame read from a log set (it has a ``log_key`` column) holds many logs, each with
+    its own LSNs: each log's state is replayed on its own, as of its newest record or of
+    ``as_of_time`` (a log with no record by then has no state), and keys are grouped per
+    ``log_key``, which leads the result's columns. ``as_of_lsn`` is refused there.
     """
     missing = [c for c in _REQUIRED if c not in df.columns]
     if missing:
@@ -118,6 +125,8 @@ def state(
     # Columns the result names itself ahead of the winning record's others.
     leading = ("key", "key_json") if lossless else ("key",)
     op_col = _column(op, df, "op", "op") if op is not None or "op" in df.columns else sf.lit("put")
+    if LOG_KEY in df.columns:
+        return _state_of_each_log(df, key_col, op_col, lossless, leading, as_of_lsn, as_of_time)
     target = resolve_lsn(df, as_of_lsn, as_of_time)
     if target is None:
         log.info("state(): the frame holds no record; the state is empty")
@@ -138,18 +147,59 @@ def state(
         raise ValueError(_too_old(df, target))
     base = int(point["base_log"])
     log.info("state as of LSN %d: replaying from log %d", target, base)
+    history = df.filter((sf.col("log_seq") >= base) & (sf.col("lsn") <= target))
+    return _last_writes(history, key_col, op_col, lossless, leading, ())
+
+
+def _last_writes(
+    history: DataFrame, key_col: Column, op_col: Column, lossless: bool, leading: tuple[str, ...],
+    per: tuple[str, ...],
+) -> DataFrame:
+    """The live keys of ``history`` (the rows a replay reads): per key (and per column of
+    ``per``) the record with the highest LSN, unless it is a delete."""
     history = (
-        df.filter((sf.col("log_seq") >= base) & (sf.col("lsn") <= target))
-        .withColumn("_k", key_col)
+        history.withColumn("_k", key_col)
         .withColumn("_op", op_col)
         .filter(sf.col("_k").isNotNull() & sf.col("_op").isin("put", "del"))
     )
-    others = [c for c in history.columns if c not in ("_k", "op", *leading)]
+    others = [c for c in history.columns if c not in ("_k", "op", *per, *leading)]
     kept = [*leading, *others] if lossless else others
-    last = history.groupBy("_k").agg(sf.max_by(sf.struct(*kept), sf.col("lsn")).alias("_w"))
+    last = history.groupBy(*per, "_k").agg(sf.max_by(sf.struct(*kept), sf.col("lsn")).alias("_w"))
     live = last.filter(sf.col("_w._op") == "put")
     shown = [sf.col(f"_w.{c}").alias(c) for c in kept if c != "_op"]
-    return live.select(*shown) if lossless else live.select(sf.col("_k").alias("key"), *shown)
+    return live.select(*per, *shown) if lossless else live.select(*per, sf.col("_k").alias("key"), *shown)
+
+
+def _state_of_each_log(
+    df: DataFrame, key_col: Column, op_col: Column, lossless: bool, leading: tuple[str, ...],
+    as_of_lsn: int | None, as_of_time: datetime.datetime | str | None,
+) -> DataFrame:
+    """:func:`state` of a frame read from a log set: each log's own state, as of its newest
+    record or ``as_of_time`` (a log with no record by then has none), keys grouped per
+    ``log_key``. LSNs are per log, so ``as_of_lsn`` is refused."""
+    if as_of_lsn is not None:
+        raise ValueError(
+            "as_of_lsn does not apply to a frame of a log set: LSNs are per log. Give as_of_time, or "
+            "filter one log_key first and drop the column"
+        )
+    rows = df
+    if as_of_time is not None:
+        zone = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+        rows = df.filter(sf.col("commit_time") <= sf.timestamp_micros(sf.lit(_micros(as_of_time, zone))))
+    points = rows.groupBy(LOG_KEY).agg(
+        sf.max("lsn").alias("_target"), sf.max_by("base_log", "lsn").alias("_base")
+    )
+    unreplayable = [r[LOG_KEY] for r in points.filter(sf.col("_base").isNull()).select(LOG_KEY).limit(6).collect()]
+    if unreplayable:
+        shown = ", ".join(repr(k) for k in unreplayable[:5]) + (", ..." if len(unreplayable) > 5 else "")
+        raise ValueError(
+            f"cannot reconstruct the state of log(s) {shown}: retention kept no log whose snapshot "
+            "was complete by then (or none is complete yet)"
+        )
+    history = df.join(points, LOG_KEY).filter(
+        (sf.col("log_seq") >= sf.col("_base")) & (sf.col("lsn") <= sf.col("_target"))
+    ).drop("_base", "_target")
+    return _last_writes(history, key_col, op_col, lossless, leading, (LOG_KEY,))
 
 
 def _shape(empty: DataFrame, df: DataFrame, lossless: bool) -> DataFrame:

@@ -42,6 +42,7 @@ def table_rows(text: str) -> list[tuple[int, int, str]]:
         ("Seal trailer", F.TRAILER_SIZE),
         ("CURRENT", F.POINTER_SIZE),
         ("CLOSED", F.CLOSED_SIZE),
+        ("LOGSET", F.LOG_SET_SIZE),
     ],
 )
 def test_layout_tables_are_contiguous_and_as_long_as_the_struct(title: str, size: int) -> None:
@@ -67,6 +68,7 @@ def test_struct_fields_have_the_widths_the_tables_give() -> None:
         ("Seal trailer", F.TRAILER),
         ("CURRENT", F.POINTER),
         ("CLOSED", F.CLOSED),
+        ("LOGSET", F.LOG_SET),
     ):
         rows = table_rows(section(title))
         assert sum(width for _o, width, _f in rows[:-1]) == struct_.size, title
@@ -78,6 +80,7 @@ def test_magics() -> None:
     assert f"magic `{F.TRAILER_MAGIC.decode()}`" in DOC
     assert f"magic `{F.POINTER_MAGIC.decode()}`" in DOC
     assert f"magic `{F.CLOSED_MAGIC.decode()}`" in DOC
+    assert f"magic `{F.LOG_SET_MAGIC.decode()}`" in DOC
     assert f"marker `50 42` (`{F.BATCH_MARKER.decode()}`)" in DOC
 
 
@@ -155,3 +158,17 @@ def test_fence_segment_is_the_bytes_the_doc_spells() -> None:
     expected = b"".join(bytes.fromhex(g) for g in spelled[:4]) + cbor2.dumps("host:1:ab")
     expected += bytes.fromhex(spelled[4]) + cbor2.dumps(1_769_000_000_000_000)
     assert data[80:] == expected
+
+
+def test_log_set_marker_as_the_doc_spells_it() -> None:
+    from persistlog import _encoder
+    from persistlog._log_set import key_name, shards
+
+    logset = section("LOGSET")
+    assert f"layout version, u16 = {F.LOG_SET_VERSION}" in logset and f"`{F.LOG_SET_NAME}`" in logset
+    spelt = re.search(r"Depth 1 in bytes: `([0-9A-F ]+)`", logset)
+    assert spelt is not None and _encoder.log_set_marker(1)[:12] == bytes.fromhex(spelt.group(1))
+    example = re.search(r"^(\w\w)/(\S+)/\s+depth 1: the destination of key \"(.+)\"$", logset, re.M)
+    assert example is not None
+    assert shards(example.group(3), 1) == [example.group(1)] and key_name(example.group(3)) == example.group(2)
+    assert "at most 255 bytes" in logset

@@ -27,8 +27,13 @@ def readme_columns() -> list[tuple[str, str, str]]:
 
 def test_readme_lists_every_column_in_order_with_its_type() -> None:
     documented = [(name, kind) for name, kind, _ in readme_columns()]
-    expected = [(n, _README_TYPES[str(t)]) for n, t, _ in _schema.fields("records", "resource")]
+    expected = [(n, _README_TYPES[str(t)]) for n, t, _ in _schema.fields("records", "resource", log_set=True)]
     assert documented == expected
+
+
+def test_readme_marks_log_key_as_a_log_set_column() -> None:
+    for name, _kind, text in readme_columns():
+        assert (name == "log_key") == text.startswith("log sets only"), name
 
 
 def test_readme_marks_the_resource_columns_as_such() -> None:
@@ -37,12 +42,13 @@ def test_readme_marks_the_resource_columns_as_such() -> None:
         assert (name in resource) == text.startswith('`convention="resource"` only'), name
 
 
+@pytest.mark.parametrize("log_set", [False, True])
 @pytest.mark.parametrize("convention", ["raw", "resource"])
-def test_ddl_and_arrow_schema_are_the_same_struct(spark: Any, convention: str) -> None:
+def test_ddl_and_arrow_schema_are_the_same_struct(spark: Any, convention: str, log_set: bool) -> None:
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    told = spark.createDataFrame([], _schema.ddl("records", convention)).schema
-    built = from_arrow_schema(_schema.arrow_schema("records", convention))
+    told = spark.createDataFrame([], _schema.ddl("records", convention, log_set)).schema
+    built = from_arrow_schema(_schema.arrow_schema("records", convention, log_set))
     assert [(f.name, f.dataType, f.nullable) for f in told] == [(f.name, f.dataType, f.nullable) for f in built]
 
 

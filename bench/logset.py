@@ -1,0 +1,176 @@
+"""Many logs: a ``persistlog.LogSet`` of small logs, read by Spark and opened and closed.
+
+* ``spark``: the same records written as 1,000 small logs of a set (``LogSet.open``,
+  ``update_many``, ``close``) and as one log; ``spark.read.format("persistlog").load(...)``
+  of each into a ``noop`` sink, alternately, ``repeats`` times, best run. Target: the set's
+  rows/s >= 0.8x the one log's (planning every log on the driver included). How the set's
+  time splits, planning against reading, is shown beside it.
+* ``open_close``: opening N logs of a set (each ``LogSet.open`` restores nothing and starts
+  a log with an empty enumeration) and holding them all open, then ``LogSet.close()``;
+  the same N logs as plain ``persistlog.open`` on N sibling directories, closed one by one,
+  is the baseline. Listing the set's keys is shown beside it. For information: what one
+  open Log costs today (threads) is what a shared runtime will take away.
+
+Run alone: ``python bench/logset.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from figures import Figure, info, vs_baseline
+from workload import Config, Scratch
+
+log = logging.getLogger("bench")
+
+SET_LOGS = 1000
+SPARK_MIN_RATIO = 0.8
+
+
+def _records(n: int) -> list[dict[str, Any]]:
+    return [{"op": "put", "key": i, "value": {"name": f"user-{i}", "n": i}} for i in range(n)]
+
+
+def _nothing(emit: Callable[[Any], None]) -> None:
+    pass
+
+
+def _write(s: Scratch, n: int) -> tuple[str, str]:
+    """``n`` records as one log and spread evenly over ``SET_LOGS`` logs of a set."""
+    import persistlog
+
+    recs = _records(n)
+    one = s.fresh("logset-one")
+    lg = persistlog.open(one, _nothing, rotate_bytes=None)
+    for i in range(0, n, 4096):
+        lg.update_many(recs[i : i + 4096])
+    lg.close()
+    root = s.fresh("logset-set")
+    per = -(-n // SET_LOGS)
+    with persistlog.LogSet(root, rotate_bytes=None) as logset:
+        for k in range(SET_LOGS):
+            lg = logset.open(f"queue/{k}", _nothing)
+            lg.update_many(recs[k * per : (k + 1) * per])
+    return one, root
+
+
+def spark(cfg: Config, s: Scratch) -> Sequence[Figure]:
+    from spark_stream import _spark
+
+    import spark_replay
+    from spark_replay._options import ReadOptions
+    from spark_replay._plan import plan
+    from dataclasses import replace
+
+    n = 100_000 if cfg.quick else 300_000
+    one, root = _write(s, n)
+    session = _spark(s)
+    spark_replay.register(session)
+
+    def read(url: str) -> Callable[[], None]:
+        return lambda: session.read.format("persistlog").load(url).write.format("noop").mode("overwrite").save()
+
+    contenders = {"set": read(root), "one": read(one)}
+    for run in contenders.values():
+        run()  # warm up: the executors' Python workers, the JIT
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(cfg.repeats):
+        for name, run in contenders.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    assert session.read.format("persistlog").load(root).count() == n
+    t0 = time.perf_counter()
+    parts = plan(replace(ReadOptions.parse({"path": root}), log_set=True))
+    planning = time.perf_counter() - t0
+    set_rate, one_rate = n / min(times["set"]), n / min(times["one"])
+    raw = {"records": n, "logs": SET_LOGS, "seconds": times, "partitions": len(parts)}
+    return [
+        vs_baseline(f"Spark over a set of {SET_LOGS} logs", "logset", set_rate, one_rate,
+                    "the same records in one log", "rec/s", SPARK_MIN_RATIO, raw),
+        info(f"  planning {SET_LOGS} logs on the driver", "logset", planning * 1e3, "ms",
+             min(times["set"]) * 1e3, "the whole read"),
+    ]
+
+
+def _open_close_set(s: Scratch, n: int) -> tuple[float, float, float]:
+    import persistlog
+
+    root = s.fresh("logset-open")
+    t0 = time.perf_counter()
+    logset = persistlog.LogSet(root)
+    for k in range(n):
+        logset.open(f"queue/{k}", _nothing)
+    opened = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    logset.close()
+    closed = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    assert sum(1 for _ in persistlog.LogSet(root).keys()) == n
+    return opened, closed, time.perf_counter() - t0
+
+
+def _open_close_plain(s: Scratch, n: int) -> tuple[float, float]:
+    import persistlog
+
+    flat = s.fresh("logset-flat")
+    os.makedirs(flat)
+    t0 = time.perf_counter()
+    logs = [persistlog.open(os.path.join(flat, f"q{k}"), _nothing) for k in range(n)]
+    opened = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for lg in logs:
+        lg.close()
+    return opened, time.perf_counter() - t0
+
+
+def open_close(cfg: Config, s: Scratch) -> Sequence[Figure]:
+    import persistlog
+
+    n = 300 if cfg.quick else SET_LOGS
+    runs: dict[str, list[tuple[float, ...]]] = {"set": [], "plain": []}
+    for _ in range(max(1, cfg.repeats - 2)):
+        runs["set"].append(_open_close_set(s, n))
+        runs["plain"].append(_open_close_plain(s, n))
+    opened, closed, listed = (min(r[i] for r in runs["set"]) for i in range(3))
+    plain_opened, plain_closed = (min(r[i] for r in runs["plain"]) for i in range(2))
+    threads_before = threading.active_count()
+    logset = persistlog.LogSet(s.fresh("logset-threads"))
+    for k in range(50):
+        logset.open(f"queue/{k}", _nothing)
+    threads = (threading.active_count() - threads_before) / 50
+    logset.close()
+    raw = {"logs": n, "runs": runs}
+    return [
+        info(f"LogSet.open of {n} logs, held open", "logset", n / opened, "logs/s", n / plain_opened,
+             "persistlog.open, flat dirs", raw),
+        info(f"LogSet.close of {n} open logs", "logset", n / closed, "logs/s", n / plain_closed,
+             "Log.close one by one"),
+        info(f"  LogSet.keys() of {n} logs", "logset", listed * 1e3, "ms"),
+        info("  threads per open Log", "logset", threads, ""),
+    ]
+
+
+BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
+    "spark": spark,
+    "open_close": open_close,
+}
+
+
+if __name__ == "__main__":
+    import sys
+
+    from figures import table
+    from workload import scratch
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    cfg = Config.quick_run() if "--quick" in sys.argv else Config()
+    with scratch() as sc:
+        figures = [f for bench in BENCHMARKS.values() for f in bench(cfg, sc)]
+    print(table(figures))
+    os._exit(0)  # the JVM's non-daemon threads must not hold the exit

@@ -1,0 +1,170 @@
+"""A log set read as one table: every log's rows with ``log_key``, ``state()`` per log and
+key, the replay job over a set (README, "Many logs: LogSet").
+
+The planner and partition reader run without Spark first (as an executor would, partitions
+through pickle); two small tests then run the same on the run's one Spark session.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+import persistlog
+from persistlog._jsonify import from_json
+from spark_replay._options import ReadOptions
+from spark_replay._plan import SetPartition, plan
+from spark_replay._scan import read_set
+from spark_replay._schema import arrow_schema, ddl
+
+# Keys a Spark partition path or a shard name could trip over.
+KEYS = ["7", "007", "queue/a/b", "100%", "日本", ".dot", "a b", "LOGSET"] + [f"q{i}" for i in range(12)]
+
+
+def write_set(root: Path, keys: list[str] = KEYS) -> dict[str, tuple[list[Any], dict[Any, Any]]]:
+    """Each key's log: ResourceStore records, a rotation for some, deletes for some. Returns
+    what a restore of each log replays and the live state it leaves."""
+    with persistlog.LogSet(root, rotate_records=7) as logset:
+        for n, key in enumerate(keys):
+            store: dict[Any, Any] = {}
+
+            def enumerate_all(emit: Any, store: dict[Any, Any] = store) -> None:
+                for k, v in list(store.items()):
+                    emit({"op": "put", "key": k, "value": v})
+
+            lg = logset.open(key, enumerate_all)
+            for i in range(3 + n):
+                k = i % 4
+                if i % 5 == 4:
+                    lg.update({"op": "del", "key": k})
+                    store.pop(k, None)
+                else:
+                    lg.update({"op": "put", "key": k, "value": {"log": key, "i": i}})
+                    store[k] = {"log": key, "i": i}
+    out: dict[str, tuple[list[Any], dict[Any, Any]]] = {}
+    reader = persistlog.LogSet(root, create=False)
+    for key in keys:
+        records: list[Any] = []
+        reader.restore(key, records.append)
+        live: dict[Any, Any] = {}
+        for r in records:
+            if r["op"] == "put":
+                live[r["key"]] = r["value"]
+            else:
+                live.pop(r["key"], None)
+        out[key] = (records, live)
+    return out
+
+
+def test_a_set_is_planned_at_once_and_packed_into_few_tasks(tmp_path: Path) -> None:
+    root = tmp_path / "set"
+    expected = write_set(root)
+    persistlog.LogSet(root).open("opened, never written", lambda emit: None).close()
+    (root / "ff" / "no%20log%20here").mkdir(parents=True)  # not this key's shard: skipped
+    opts = replace(ReadOptions.parse({"path": str(root), "convention": "resource", "min_partitions": "2"}), log_set=True)
+    parts = plan(opts)
+    assert parts and all(isinstance(p, SetPartition) for p in parts)
+    assert len(parts) <= 2  # small logs share tasks
+    rows: list[dict[str, Any]] = []
+    for part in parts:
+        for batch in read_set(pickle.loads(pickle.dumps(part)), "records"):
+            assert batch.schema == arrow_schema("records", "resource", log_set=True)
+            rows.extend(pa.Table.from_batches([batch]).to_pylist())
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault(row["log_key"], []).append(row)
+    # Logs whose restore starts at a rotation hold older logs too (logs="all"): compare
+    # each key's newest complete log on, where restore starts.
+    latest = replace(opts, logs="latest")
+    latest_rows = [r for p in plan(latest) for b in read_set(p, "records") for r in pa.Table.from_batches([b]).to_pylist()]
+    for key, (records, _live) in expected.items():
+        mine = sorted((r for r in latest_rows if r["log_key"] == key), key=lambda r: r["lsn"])
+        assert [from_json(r["record"]) for r in mine] == records, key
+        assert [r["lsn"] for r in by_key[key]] == sorted(r["lsn"] for r in by_key[key])
+    assert set(by_key) == set(KEYS)  # the key that holds no log adds nothing
+    # One log keeps its schema: no log_key column.
+    assert "log_key" not in ddl("records", "resource") and ddl("records", "resource", True).startswith("log_key STRING NOT NULL, ")
+
+
+def test_a_set_on_s3_reads_without_spark_as_restore_replays_it(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
+    root = f"s3://{s3_bucket}/queues"
+    with persistlog.LogSet(root, storage_options=s3_storage_options) as logset:
+        for i in range(6):
+            lg = logset.open(f"q/{i}", lambda emit: None)
+            lg.update_many([{"op": "put", "key": j, "value": i} for j in range(i + 1)])
+    opts = replace(
+        ReadOptions.parse({"path": root, "storage_options": json.dumps(s3_storage_options)}), log_set=True
+    )
+    rows = [r for p in plan(opts) for b in read_set(pickle.loads(pickle.dumps(p)), "records") for r in pa.Table.from_batches([b]).to_pylist()]
+    got: dict[str, list[Any]] = {}
+    for r in sorted(rows, key=lambda r: r["lsn"]):
+        got.setdefault(r["log_key"], []).append(from_json(r["record"]))
+    assert got == {f"q/{i}": [{"op": "put", "key": j, "value": i} for j in range(i + 1)] for i in range(6)}
+
+
+@pytest.mark.spark
+def test_spark_reads_a_set_as_one_table_and_state_is_per_log(spark: Any, tmp_path: Path) -> None:
+    import spark_replay
+
+    root = tmp_path / "set"
+    expected = write_set(root)
+    df = spark.read.format("persistlog").option("convention", "resource").option("logs", "latest").load(str(root))
+    assert df.columns[0] == "log_key" and df.schema["log_key"].nullable is False
+    rows = df.select("log_key", "lsn", "record").collect()
+    got: dict[str, list[tuple[int, Any]]] = {}
+    for r in rows:
+        got.setdefault(r["log_key"], []).append((r["lsn"], from_json(r["record"])))
+    assert {k: [rec for _lsn, rec in sorted(v, key=lambda x: x[0])] for k, v in got.items()} == {
+        k: records for k, (records, _live) in expected.items()
+    }
+    live = spark_replay.state(spark.read.format("persistlog").option("convention", "resource").load(str(root)))
+    assert live.columns[:3] == ["log_key", "key", "key_json"]
+    state: dict[str, dict[Any, Any]] = {}
+    for r in live.select("log_key", "key_json", "value").collect():
+        state.setdefault(r["log_key"], {})[from_json(r["key_json"])] = from_json(r["value"])
+    assert state == {k: lv for k, (_records, lv) in expected.items() if lv}
+    with pytest.raises(ValueError, match="LSNs are per log"):
+        spark_replay.state(df, as_of_lsn=3)
+    # A single log of the set reads as before: no log_key.
+    one = persistlog.LogSet(root).url("q3")
+    assert "log_key" not in spark.read.format("persistlog").load(one).columns
+    # Streaming a set is refused, clearly.
+    query = spark.readStream.format("persistlog").load(str(root)).writeStream.format("noop").start()
+    try:
+        with pytest.raises(Exception, match="streaming a log set is not supported yet"):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+
+
+@pytest.mark.spark
+def test_the_replay_job_takes_a_set(spark: Any, tmp_path: Path) -> None:
+    from spark_replay._job import main
+
+    root = tmp_path / "set"
+    expected = write_set(root, KEYS[:10])
+    out = tmp_path / "out"
+    stdout = io.StringIO()
+    assert main([str(root), "--out", str(out), "-q"], spark=spark, stdout=stdout) == 0, stdout.getvalue()
+    text = stdout.getvalue()
+    assert "10 log(s) of a log set" in text and "(by log_key, log_seq)" in text, text
+    partitioning = ds.partitioning(pa.schema([("log_key", pa.string()), ("log_seq", pa.int64())]), flavor="hive")
+    events = ds.dataset(str(out / "events"), format="parquet", partitioning=partitioning).to_table()
+    assert sorted(set(events.column("log_key").to_pylist())) == sorted(KEYS[:10])
+    assert events.num_rows == spark.read.format("persistlog").load(str(root)).count()
+    assert all(p.name.startswith("log_seq=") for p in (out / "events" / "log_key=7").iterdir() if p.is_dir())
+    state = ds.dataset(str(out / "state"), format="parquet").to_table().to_pylist()
+    got: dict[str, dict[Any, Any]] = {}
+    for r in state:
+        got.setdefault(r["log_key"], {})[from_json(r["key_json"])] = from_json(r["value"])
+    assert got == {k: lv for k, (_records, lv) in expected.items() if lv}
+    assert main([str(root), "--out", str(tmp_path / "o2"), "--as-of-lsn", "2", "-q"], spark=spark, stdout=io.StringIO()) == 2
+    assert main([str(root), "--out", str(tmp_path / "o3"), "--follow", "-q"], spark=spark, stdout=io.StringIO()) == 2
