@@ -19,6 +19,7 @@ import async_log
 import core
 import follower
 import logset
+import many_logs
 import s3
 import shapes
 import spark_stream
@@ -40,6 +41,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "asyncio": async_log.BENCHMARKS,
     # logset.spark runs with the Spark benchmarks (full runs, --spark, --only logset).
     "logset": logset.BENCHMARKS,
+    "many": many_logs.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }
@@ -113,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"record shapes of the shapes group, comma-separated (default: {','.join(shapes.SHAPES)})")
     parser.add_argument("--shape-records", type=int, default=None,
                         help="records per shape (default 500000, 100000 with --quick)")
+    parser.add_argument("--many-logs", type=int, default=None,
+                        help="logs held open at once by the many group (default 1000)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="run bench/spark_bench.py if present (default: yes, except with --quick)")
     parser.add_argument("--moto-in-process", action="store_true",
@@ -143,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.shapes = tuple(args.shapes.split(","))
     if args.shape_records is not None:
         cfg.shape_records = args.shape_records
+    if args.many_logs is not None:
+        cfg.many_logs = args.many_logs
     cfg.tmpdir = args.tmpdir
     cfg.moto_in_process = args.moto_in_process
     only = [o for entry in args.only for o in entry.split(",") if o]

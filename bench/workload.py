@@ -184,6 +184,8 @@ class Config:
     heap_objects: int = 1_000_000
     restart_keys: int = 1_000_000
     restart_updates: int = 5_000_000
+    many_logs: int = 1000
+    many_idle_seconds: float = 10.0
     tmpdir: str | None = None
     moto_in_process: bool = False
 

@@ -17,7 +17,7 @@ log cleanly.
 
 The concurrency contract, the asyncio way: a change is logged and applied holding its
 key's lock (an ``asyncio.Lock``, one per stripe of keys), and ``enumerate_all``, which
-persistlog calls on its rotation thread, takes the same locks through the loop while it
+persistlog calls on one of its worker threads, takes the same locks through the loop while it
 emits the keys they guard (``asyncio.run_coroutine_threadsafe``).
 """
 
@@ -64,7 +64,7 @@ class KV:
             self.replay(record)
             return lsn
 
-    # -- on persistlog's rotation thread ---------------------------------------------
+    # -- on a persistlog worker thread -----------------------------------------------
 
     def enumerate_all(self, emit: Callable[[Any], None]) -> None:
         keys = self._on_loop(self._keys())

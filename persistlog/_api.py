@@ -209,7 +209,7 @@ def open(
     not take). An app that keeps per-resource locks, held across ``update()`` and its
     apply and taken by ``enumerate_all`` around each ``emit`` (the concurrency contract),
     passes ``concurrent_enumeration=True``: a trigger then starts the rotation at once on
-    the rotation thread and updates keep flowing beside the enumeration. (Without it such
+    a persistlog worker thread and updates keep flowing beside the enumeration. (Without it such
     an app would wait for an enumeration that waits for the app's lock: after 10 s of
     that, the held call raises :class:`EnumerationStalled`, having logged nothing.)
     """

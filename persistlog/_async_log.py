@@ -4,8 +4,8 @@ An AsyncLog is a :class:`~persistlog.Log` driven from an event loop. The loop's 
 CPU work only: it encodes a record into the Log's batch buffer (the same buffer, LSN
 counter and lock the sync API uses) and registers a future. Every storage operation runs
 elsewhere: writes and syncs on the AsyncLog's commit thread (``_loop_commit``), opening,
-closing, restoring and big records on the loop's default executor, the flush timer and
-rotations on the Log's own threads. So an fsync never stalls the loop, and one fsync
+closing, restoring and big records on the loop's default executor, flushes and
+rotations on the workers of persistlog's runtime (``_runtime``). So an fsync never stalls the loop, and one fsync
 resolves every task waiting on it.
 
 Durability means what it means for ``Log.update``: in ``buffered`` mode ``await update()``
@@ -135,7 +135,7 @@ class AsyncLog:
     async def rotate(self, wait: bool = True, timeout: float | None = None) -> int | None:
         """Start a new log now; returns its seq once complete (``wait=True``).
 
-        The enumeration runs on the Log's rotation thread. If ``enumerate_all`` raises,
+        The enumeration runs on a persistlog worker thread. If ``enumerate_all`` raises,
         this raises :class:`EnumerateError` and the log keeps working in the incomplete
         log. Cancelling the awaiting task (or ``timeout``, which raises ``TimeoutError``)
         does not cancel the rotation.
@@ -286,7 +286,7 @@ class AsyncLog:
         lg = self._log
 
         def handler() -> None:
-            lg._signalled = True  # the flush thread starts the rotation, as for Log
+            lg._signal_from_loop()  # the Log's background job makes the rotation due
 
         self._loop.add_signal_handler(signum, handler)
         self._signal = signum
@@ -309,13 +309,13 @@ async def open_async(url: str, enumerate_all: EnumerateAll, **options: Unpack[Op
     Takes the same options as :func:`persistlog.open` (``durability``, triggers,
     ``secondaries``...) and behaves the same: the first log is enumerated and complete
     before this returns. The opening runs on the loop's default executor and the
-    enumeration on the Log's rotation thread, so the loop keeps serving meanwhile; callbacks
+    enumeration on a persistlog worker thread, so the loop keeps serving meanwhile; callbacks
     such as ``on_error`` (and ``replay``/``replay_batch`` where ``open`` takes them to
     restore first) run on those threads, never on the loop. ``rotate_on_signal``
     installs a handler on the loop (``loop.add_signal_handler``) instead of
     ``signal.signal``.
 
-    ``enumerate_all`` stays a plain function and runs on the rotation thread while the
+    ``enumerate_all`` stays a plain function and runs on a persistlog worker thread while the
     loop's tasks keep updating: see "asyncio" in README.md for how an asyncio app holds its
     per-resource exclusion while a resource is emitted.
     """

@@ -2,13 +2,13 @@
 
 A script that ends (or raises ``SystemExit``) without ``close()`` must not lose what it
 logged: every open Log is registered here, *weakly*, and an ``atexit`` handler writes what
-is pending and seals each one still open. The registry keeps nothing alive: the Log's own
-threads hold it only weakly too, so a Log the app drops can be collected.
+is pending and seals each one still open. The registry keeps nothing alive: the jobs the
+runtime runs for a Log hold it only weakly too, so a Log the app drops can be collected.
 
 A Log collected unclosed warns with ``ResourceWarning`` and is then closed (its pending
 records written, the log sealed, the lock released) on a thread of its own. Not in
 ``__del__`` itself: the collection can run in any thread at any allocation, including one
-of the Log's own threads while it holds a lock that closing needs, which would deadlock.
+of the runtime's threads while it holds a lock that closing needs, which would deadlock.
 The closing thread resurrects the Log for as long as it runs; it is not a daemon, so the
 interpreter waits for it before exiting.
 """
@@ -24,7 +24,7 @@ from typing import Protocol
 
 log = logging.getLogger("persistlog")
 
-# How long closing at exit waits for an enumeration running on the rotation thread before
+# How long closing at exit waits for an enumeration running on a runtime worker before
 # it seals the log anyway (the acknowledged records are written either way; the
 # enumeration's log then stays incomplete, which restore handles).
 EXIT_ROTATION_WAIT = 10.0

@@ -3,10 +3,13 @@
 :class:`Log` is one class, in sections: its public API; appending records to the batch
 buffer; writing batches; log generations; secondaries; the writer lease; closing; the
 background work. It composes a :class:`~persistlog._rotation.Rotator` (the triggers and
-the rotation thread), a :class:`~persistlog._group_commit.GroupCommit` (fsyncs shared by
+the rotation job), a :class:`~persistlog._group_commit.GroupCommit` (fsyncs shared by
 waiting threads), one segment writer per log (``_segment_writer``) and one
 :class:`~persistlog._secondaries.Secondary` per secondary destination. ``persistlog.open``
 (``_api``) checks the options, takes the writer lock, restores, and builds the Log.
+Its background work (flushes, the lease, the interval and signal triggers) and its
+rotations run as jobs on the process's runtime (``_runtime``), shared by every Log: an
+open Log has no thread of its own, and an idle one schedules nothing.
 
 Two locks split the work. ``_lock`` guards the in-memory batch under construction and the
 LSN counter; ``update()`` holds it for an append and nothing more. ``_io_lock`` serialises
@@ -52,6 +55,7 @@ from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLo
 from ._group_commit import GroupCommit
 from ._restore import RestoreResult
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
+from ._runtime import runtime, weak_method
 from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 
@@ -60,6 +64,9 @@ log = logging.getLogger("persistlog")
 DURABILITY_MODES = ("buffered", "flush", "fsync")
 COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
 LOCAL_FLUSH_INTERVAL = 0.1
+# Seconds before a flush that found the Log's I/O lock taken looks again: whoever holds
+# it is writing, and a worker of the shared runtime does not wait for one Log's lock.
+FLUSH_BUSY_RETRY = 0.01
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
 _MAX_DEPTH = F.MAX_RECORD_DEPTH
@@ -258,11 +265,19 @@ class Log:
         # Where the current log's ``complete`` record stands, once written: its seal says so.
         self._complete_lsn: int | None = None
         self._secondaries: list[Secondary] = []
-        # Background work and closing.
-        self._ticker: threading.Thread | None = None
-        self._stop = threading.Event()
+        # Background work, run by the process's runtime (_runtime.py) when due: nothing
+        # runs for a Log with nothing pending, no lease and no interval trigger.
+        self._runtime = runtime()
+        self._background = self._runtime.job(weak_method(self._run_background), f"persistlog-flush {dest.url}")
+        self._flush_interval = LOCAL_FLUSH_INTERVAL  # set by _start_background
+        self._flush_armed = False  # a flush is due at _flush_at (pending data arms it)
+        self._flush_at = 0.0
+        self._renew_every: float | None = None  # an object store's lease: renewed every this
+        self._renew_at = 0.0
+        # Closing, and the rotation signal.
         self._old_handler: Any = None
         self._signal: int | None = None
+        self._signal_watch: int | None = None
         self._signalled = False
         self._opened_at = time.time()
         self._close_lock = threading.Lock()
@@ -283,6 +298,7 @@ class Log:
                 known_complete=complete_logs,
                 on_complete=self._on_complete,
                 concurrent=concurrent_enumeration,
+                runtime=self._runtime,
             )
             for entry in secondaries:
                 # A pair is a tuple, or a list as JSON (a config file) gives it.
@@ -353,6 +369,8 @@ class Log:
             lsn, end = self._append_encoded([data], snapshot=False)
         if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
             self._commit(lsn, durable=sync or self._sync_each)
+        elif not self._flush_armed:
+            self._arm_flush()  # flushed one interval from now
         return lsn
 
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int | None:
@@ -381,6 +399,8 @@ class Log:
         lsn, end = staged
         if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
             self._commit(lsn, durable=sync or self._sync_each)
+        else:
+            self._arm_flush()
         return lsn
 
     def sync(self) -> None:
@@ -623,17 +643,19 @@ class Log:
                 if isinstance(e, Exception):
                     raise encode_error(e) from None
                 raise
-            if end <= _MAX_RECORD:
-                self._pos = end
-                lsn = self._next_lsn
-                if snapshot:
-                    self._snap.append(lsn - self._buf_first)
-                self._next_lsn = lsn + 1
-                return lsn, end
-            # A big record, or a buffer grown past a record's limit: check the size and
-            # cut batches on the slow path (the limit is below a batch's).
-            self._blocked = True  # cut by the next append if interrupted from here
-            return self._take_back(pos, end)
+            if end > _MAX_RECORD:
+                # A big record, or a buffer grown past a record's limit: check the size and
+                # cut batches on the slow path (the limit is below a batch's).
+                self._blocked = True  # cut by the next append if interrupted from here
+                return self._take_back(pos, end)
+            self._pos = end
+            lsn = self._next_lsn
+            if snapshot:
+                self._snap.append(lsn - self._buf_first)
+            self._next_lsn = lsn + 1
+        if not self._flush_armed:
+            self._arm_flush()
+        return lsn, end
 
     def _rewind(self, pos: int) -> None:
         """Drop a partly encoded record (or call) so nothing of it is ever written."""
@@ -684,6 +706,7 @@ class Log:
                 with self._io_lock:  # make room: what is buffered becomes a batch
                     self._check()
                     self._write_pending(flush=False)
+        self._arm_flush()
         return lsn, end
 
     def _encode_many(self, records: Iterable[Any]) -> tuple[list[Any], memoryview]:
@@ -733,7 +756,10 @@ class Log:
             self._blocked = False
             if self._failed is not None or self._closed:
                 self._blocked = True
-            return self._next_lsn - 1, end
+            lsn = self._next_lsn - 1
+        if not self._flush_armed:
+            self._arm_flush()
+        return lsn, end
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
@@ -755,7 +781,7 @@ class Log:
         switching = self._switching
         if switching is not None:
             # A size or count trigger fired: hold the writers who hand batches over until
-            # the rotation thread has switched to the new log, so that the old one grows
+            # the rotation job has switched to the new log, so that the old one grows
             # past its trigger by at most the batch buffered meanwhile.
             self._wait_for_switch(switching)
 
@@ -817,7 +843,11 @@ class Log:
         if data is None:
             data = _encoder.record_batch(payload, end - first, snaps, first, now_us(), self.settings.compression)
             self._taking_batch = data
-        self._append(data, first, end, flush)
+        try:
+            self._append(data, first, end, flush)
+        except BaseException:
+            self._arm_flush()  # an interrupted hand-over is handed over again by the next flush
+            raise
         n_updates = end - first - len(snaps)
         self._taking = None
         self._taking_batch = None
@@ -843,6 +873,8 @@ class Log:
         c["bytes"] += len(data)
         for secondary in self._secondaries:
             secondary.batch(data, first, end)
+        if not flush or isinstance(sw, ObjectSegments):
+            self._arm_flush()  # bytes the writer may still hold go out at the next flush
 
     def _flush_writer(self) -> None:
         """Hand the current segment writer's buffered bytes to storage. Holds ``_io_lock``."""
@@ -955,9 +987,9 @@ class Log:
             retain=self._rotator.retain,
             flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
             lease_ttl=self._lease_ttl,
-            # Weakly, like the Log's other threads: a Log nobody holds is collected (and
+            # Weakly, like the Log's jobs: a Log nobody holds is collected (and
             # warned about and sealed) even while its secondaries' threads run.
-            on_ready=_weak_call(weakref.WeakMethod(self._secondary_ready)),
+            on_ready=weak_method(self._secondary_ready),
         )
         secondary.attach()
         return secondary
@@ -996,10 +1028,8 @@ class Log:
                 wait = self._secondary_close_wait
                 waited = self._catch_up_secondaries(
                     wait if rotation_wait is None else min(wait, rotation_wait), rotation_wait)
-            self._stop.set()
+            self._stop_background()
             self._rotator.close(rotation_wait)
-            if self._ticker is not None and self._ticker is not threading.current_thread():
-                self._ticker.join()
             self._restore_signal()
             # An interruption (a KeyboardInterrupt, not an Exception) leaves the close
             # unfinished: calling close() again, or the interpreter's exit, finishes it.
@@ -1127,14 +1157,87 @@ class Log:
     # -- background work ----------------------------------------------------------------
 
     def _start_background(self, flush_interval: float, lease_renew: float | None) -> None:
-        # The lease must be renewed on time whatever the flush interval: a lapsed lease
-        # lets a second writer in while this one still writes.
-        period = flush_interval if lease_renew is None else min(flush_interval, lease_renew / 2)
-        self._ticker = threading.Thread(
-            target=_tick, args=(weakref.ref(self), self._stop, period, flush_interval, lease_renew),
-            name="persistlog-flush", daemon=True,
-        )
-        self._ticker.start()
+        """Schedule the Log's background job (``_run_background``) on the runtime."""
+        self._flush_interval = flush_interval
+        if lease_renew is not None:
+            # Renewed on time whether the Log writes or not, idle included: a lapsed lease
+            # lets a second writer in while this one still writes.
+            self._renew_every = lease_renew
+            self._renew_at = time.monotonic() + lease_renew
+        when = self._next_background()
+        if when is not None:
+            self._background.run_at(when)
+
+    def _stop_background(self) -> None:
+        """Run the background job no more, and wait for a run under way (it takes
+        ``_io_lock``, which closing takes next)."""
+        self._background.cancel()
+        self._background.wait_idle()
+
+    def _run_background(self) -> float | None:
+        """The background job, run by a runtime worker when due: flush what is pending,
+        renew the lease, fire the signal and interval triggers. Returns when it is next
+        due (None: not until pending data or a signal asks)."""
+        if self._failed is not None or self._closed:
+            return None
+        try:
+            now = time.monotonic()
+            if self._flush_armed and now >= self._flush_at - 1e-3:
+                self._flush_pending()
+            elif not self._flush_armed and (self._has_pending() or self._sw_pending()):
+                self._arm_flush()  # an arming an interruption cut short
+            if self._renew_every is not None and now >= self._renew_at - 1e-3:
+                self._renew_lock()
+                self._renew_at = time.monotonic() + self._renew_every
+            if self._signalled:
+                self._signalled = False
+                self._rotator.trigger()
+            self._rotator.check_interval()
+        except PersistLogError as e:
+            log.debug("background flush stopped: %s", e)
+            return None
+        except Exception:
+            log.exception("background flush failed")
+        return self._next_background()
+
+    def _next_background(self) -> float | None:
+        """When the background job is next due: the armed flush, the lease renewal, the
+        interval trigger's next check, whichever comes first."""
+        when = self._rotator.next_interval_check()
+        for due, at in ((self._flush_armed, self._flush_at), (self._renew_every is not None, self._renew_at)):
+            if due and (when is None or at < when):
+                when = at
+        return when
+
+    def _arm_flush(self) -> None:
+        """Flush what is pending one flush interval from now, unless a flush is armed
+        already: called when the Log gets pending data (records buffered, bytes a segment
+        writer holds), so that nothing runs for a Log with none."""
+        if self._flush_armed:
+            return
+        at = self._flush_at = time.monotonic() + self._flush_interval
+        # Scheduled, then marked armed: an interruption in between leaves it unarmed, and
+        # the next append (or the job itself, finding records pending) arms it again.
+        self._background.run_at(at)
+        self._flush_armed = True
+
+    def _flush_pending(self) -> None:
+        """The armed flush: pending records and an object store's pending segment go out,
+        however busy the log is. Never waits for ``_io_lock``: its holder is writing."""
+        if not self._io_lock.acquire(blocking=False):
+            self._flush_at = time.monotonic() + FLUSH_BUSY_RETRY
+            return
+        try:
+            if self._failed is None and not self._closed:
+                self._write_pending(flush=False)
+                self._flush_writer()
+        finally:
+            self._io_lock.release()
+        # Disarmed after the flush, then checked: a record appended meanwhile by a thread
+        # that still saw the flush armed is pending here, and arms the next one.
+        self._flush_armed = False
+        if self._has_pending() or self._sw_pending():
+            self._arm_flush()
 
     def _has_pending(self) -> bool:
         return self._pos > 0 or self._taking is not None
@@ -1149,74 +1252,39 @@ class Log:
         def handler(num: int, frame: FrameType | None) -> None:
             lg = ref()
             if lg is not None:
-                lg._signalled = True  # the flush thread starts the rotation; no I/O here
+                lg._signal_raised()
 
         self._old_handler = signal.signal(signum, handler)
         self._signal = signum
+        # A handler may take no lock (it runs between two bytecodes of a thread that may
+        # hold any lock), so it cannot schedule: the runtime's timer thread reads the flag
+        # every SIGNAL_POLL seconds while this watch is installed, and runs the job.
+        self._signal_watch = self._runtime.watch(weak_method(self._signal_pending), self._background)
+
+    def _signal_raised(self) -> None:
+        """The rotation signal arrived (in a signal handler): set a flag and nothing more."""
+        self._signalled = True
+
+    def _signal_pending(self) -> bool:
+        """Whether a rotation signal waits for the background job (read by the timer thread)."""
+        return self._signalled
+
+    def _signal_from_loop(self) -> None:
+        """The rotation signal, delivered by an event loop (``AsyncLog``): not in a signal
+        handler, so the background job is scheduled at once."""
+        self._signalled = True
+        self._background.run_soon()
 
     def _restore_signal(self) -> None:
+        if self._signal_watch is not None:
+            self._runtime.unwatch(self._signal_watch)
+            self._signal_watch = None
         if self._signal is not None:
             try:
                 signal.signal(self._signal, self._old_handler)
             except (ValueError, TypeError):
                 pass
             self._signal = None
-
-def _tick(
-    ref: weakref.ReferenceType[Log],
-    stop: threading.Event,
-    period: float,
-    flush_interval: float,
-    lease_renew: float | None,
-) -> None:
-    """The flush thread: flushes, renews the lease, fires the time and signal triggers.
-
-    It holds the Log only during a tick, so that a Log the app dropped can be collected.
-    """
-    last_renew = time.monotonic()
-    last_flush = time.monotonic()
-    while not stop.wait(period):
-        lg = ref()
-        if lg is None:
-            return
-        try:
-            if lg._failed is not None:
-                return
-            due = time.monotonic() - last_flush >= flush_interval - 1e-3
-            if due:
-                last_flush = time.monotonic()
-            if due and (lg._has_pending() or lg._sw_pending()):
-                with lg._io_lock:
-                    if lg._failed is None and not lg._closed:
-                        # Pending records and an object store's pending segment both go
-                        # out on every tick, however busy the log is.
-                        lg._write_pending(flush=False)
-                        lg._flush_writer()
-            if lease_renew is not None and time.monotonic() - last_renew >= lease_renew:
-                lg._renew_lock()
-                last_renew = time.monotonic()
-            if lg._signalled:
-                lg._signalled = False
-                lg._rotator.trigger()
-            lg._rotator.check_interval()
-        except PersistLogError as e:
-            log.debug("background flush stopped: %s", e)
-            return
-        except Exception:
-            log.exception("background flush failed")
-        finally:
-            del lg
-
-
-def _weak_call(method: weakref.WeakMethod[Callable[[], None]]) -> Callable[[], None]:
-    """A callable that calls ``method`` while its object is alive, and does nothing after."""
-
-    def call() -> None:
-        bound = method()
-        if bound is not None:
-            bound()
-
-    return call
 
 
 __all__ = ["Log", "LogSettings", "SecondaryEntry", "destination_at", "release_writer_lock"]

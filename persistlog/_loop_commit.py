@@ -9,7 +9,7 @@ record must be written (``flush`` mode, a full batch) or made durable (``fsync``
 ``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
 every registration made so far, writes what is buffered (and syncs it if any of them asked
 for durability) through the Log's own write path (``_commit``, under the Log's I/O lock, so
-it interleaves safely with the flush ticker, rotations and threads using the Log
+it interleaves safely with background flushes, rotations and threads using the Log
 directly), then hands the whole group to the loop with one
 ``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
 records, the thread is already writing and syncing the ones that arrived during its last
@@ -57,7 +57,7 @@ class LoopCommit:
     """
 
     def __init__(self, lg: Log, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        # Reached weakly, as the Log's own threads reach it: a Log its app dropped unclosed
+        # Reached weakly, as the Log's background jobs reach it: a Log its app dropped unclosed
         # can be collected (and sealed), and then this thread ends.
         self._lg = weakref.ref(lg)
         weakref.finalize(lg, self._wake)

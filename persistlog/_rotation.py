@@ -1,6 +1,7 @@
 """Rotation: starting a fresh log that begins with a full enumeration of the app's state.
 
-The protocol (docs/DESIGN.md, "Rotation"), run on the rotation thread:
+The protocol (docs/DESIGN.md, "Rotation"), run by the rotation job on a worker of the
+process's runtime (``_runtime.py``), one rotation of a Log at a time:
 
 1. create log N+1 durably and switch every later record to it; seal log N;
 2. call ``enumerate_all(emit)``: ``emit`` writes *snapshot* records into N+1 while the app's
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import _format as F
 from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
+from ._runtime import Runtime, weak_method
 from ._segment_writer import move_pointer
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ ENUMERATION_STALL = 10.0
 class Hold:
     """Updates held while a rotation started at a quiet point enumerates.
 
-    Released once (by the rotation thread when ``enumerate_all`` returns or raises, or when
+    Released once (by the rotation job when ``enumerate_all`` returns or raises, or when
     the rotation ends without enumerating). Threads wait on a plain lock (see the note on
     ``Rotator._mutex``); asyncio tasks await ``released``.
     """
@@ -64,6 +65,13 @@ class Hold:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.released: Future[None] = Future()
+        # Set once a worker took the rotation up: a rotation waiting for a free worker
+        # (others enumerate) is not a stalled enumeration.
+        self._begun = False
+
+    def begin(self) -> None:
+        """The rotation holding these updates started: the stall clock runs from now."""
+        self._begun = True
 
     def release(self) -> None:
         """Let the held updates go (idempotent)."""
@@ -82,7 +90,7 @@ class Hold:
         since = time.monotonic()
         while not self._lock.acquire(timeout=min(1.0, stall)):
             now = progress()
-            if now != last:
+            if now != last or not self._begun:
                 last, since = now, time.monotonic()
             elif time.monotonic() - since >= stall:
                 raise EnumerationStalled(
@@ -95,13 +103,14 @@ class Hold:
 
 
 class Rotator:
-    """Owns the rotation thread, the triggers and the record of past rotations."""
+    """Owns the rotation job, the triggers and the record of past rotations."""
 
     def __init__(
         self,
         lg: Log,
         enumerate_all: EnumerateAll,
         *,
+        runtime: Runtime,
         rotate_bytes: int | None,
         rotate_records: int | None,
         rotate_interval: float | None,
@@ -147,15 +156,14 @@ class Rotator:
         # the Future (whose methods take a Condition).
         self._done: dict[Future[int], threading.Lock] = {}
         self._stop = False
-        # The thread holds the Rotator (and so the Log) only while a rotation runs: between
-        # rotations an unreferenced Log can be collected, and its finalizer wakes the thread
-        # to end it.
-        self._thread = threading.Thread(
-            target=_serve, args=(weakref.ref(self), self._cv), name="persistlog-rotation", daemon=True
-        )
-        wake = weakref.finalize(self, _wake, self._cv)
-        wake.atexit = False
-        self._thread.start()
+        # Rotations run on the runtime's workers, one of this Log's at a time (a long job:
+        # enumerate_all is app code that may take minutes). The job holds the Rotator (and
+        # so the Log) only while it runs: between rotations an unreferenced Log can be
+        # collected.
+        self._job = runtime.job(weak_method(self._serve), f"persistlog-rotation {lg.dest.url}", long=True)
+        # The worker running this Log's rotation, while one runs (enumerate_all, on_error,
+        # on_complete and retention included): what "inside enumerate_all" means.
+        self._runner: threading.Thread | None = None
 
     # -- requests -----------------------------------------------------------------------
 
@@ -203,7 +211,7 @@ class Rotator:
                 self._due = False
                 self.gated = True
             self._queue.append(fut)
-            self._cv.notify()
+            self._job.run_soon()
             return fut
 
     # -- the quiet point ----------------------------------------------------------------
@@ -215,7 +223,7 @@ class Rotator:
         with self._mutex:
             if self._hold is not None:
                 return self._hold, False
-            if self._due and not self._stop and threading.current_thread() is not self._thread:
+            if self._due and not self._stop and not self.in_rotation():
                 self._due = False
                 self._hold = Hold()
                 return self._hold, True
@@ -245,7 +253,7 @@ class Rotator:
         """The quiet point of a thread's call (``update()``, ``update_many()``): start a due
         rotation, or wait for one that holds updates. Raises :class:`EnumerationStalled`
         if the enumeration stands still (nothing of the call is logged then)."""
-        if threading.current_thread() is self._thread:
+        if self.in_rotation():
             return  # an update() from inside enumerate_all goes on beside its emits
         while self.gated:
             hold, mine = self.claim_quiet_point()
@@ -327,7 +335,7 @@ class Rotator:
             if not self.concurrent:
                 self.trigger()  # the app's next call starts it, with updates held
                 return
-            # Set before the request: the rotation thread may switch before it returns.
+            # Set before the request: the rotation job may switch before it returns.
             switching = threading.Lock()
             switching.acquire()
             lg._switching = switching
@@ -364,27 +372,58 @@ class Rotator:
         if time.monotonic() - self._started_at >= self.rotate_interval:
             self.trigger()
 
+    def next_interval_check(self) -> float | None:
+        """When :meth:`check_interval` is next worth calling (``time.monotonic()``), or
+        None without an interval trigger. While a rotation is due, queued or running the
+        check waits one more interval (a rotation that starts resets the clock)."""
+        if self.rotate_interval is None:
+            return None
+        due = self._started_at + self.rotate_interval
+        if self.rotating or self._queue or self._due:
+            due = max(due, time.monotonic() + self.rotate_interval)
+        return due
+
+    def in_rotation(self) -> bool:
+        """Whether the calling thread is the worker running this Log's rotation (inside
+        ``enumerate_all``, ``on_error``, ``on_complete`` or retention)."""
+        return self._runner is threading.current_thread()
+
     def refuse_from_rotation_thread(self, call: str) -> None:
         """Raise ``RuntimeError`` if called from inside ``enumerate_all`` (or ``on_error``).
 
         ``call`` waits for the rotation that is running on this very thread: it would
         wait forever.
         """
-        if threading.current_thread() is self._thread:
+        if self.in_rotation():
             raise RuntimeError(
-                f"{call} cannot be called from inside enumerate_all (the rotation thread): "
+                f"{call} cannot be called from inside enumerate_all (this Log's rotation): "
                 "it waits for the rotation that is running there"
             )
 
-    # -- the thread ---------------------------------------------------------------------
+    # -- the rotation job ---------------------------------------------------------------
+
+    def _serve(self) -> float | None:
+        """The rotation job: run the rotation at the head of the queue; run again at once
+        while more are queued (each rotation is a run of its own, so that the worker goes
+        back to the pool between two)."""
+        self._runner = threading.current_thread()
+        try:
+            if not self._serve_head():
+                return None
+        finally:
+            self._runner = None
+        return 0.0 if self._queue and not self._stop else None
 
     def _serve_head(self) -> bool:
-        """Run the rotation at the head of the queue; False once closed and drained."""
+        """Run the rotation at the head of the queue; False if there is none."""
         with self._cv:
             if not self._queue:
                 return False
             fut = self._queue[0]
             self.rotating = True
+            hold = self._holds.get(fut)
+        if hold is not None:
+            hold.begin()
         done = False
         try:
             if fut.set_running_or_notify_cancel():
@@ -487,15 +526,15 @@ class Rotator:
             return
         try:
             apply_retention(self.lg.dest, self.known_complete, self.retain, self.lg.seq)
-        except BaseException as e:  # the rotation thread must outlive anything retention meets
+        except BaseException as e:  # the rotation job must outlive anything retention meets
             log.warning("retention at %s failed (will retry after the next rotation): %s", self.lg.dest.url, e)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
-        stop the thread."""
+        run the rotation job no more."""
         with self._mutex:
             self._stop = True
-            # The rotation thread owns the head of the queue while `rotating` (it is waited
+            # The rotation job owns the head of the queue while `rotating` (it is waited
             # for); the ones never started fail as the Log does from now on, not with a bare
             # CancelledError in a rotate(wait=True) caller.
             start = 1 if self.rotating else 0
@@ -510,30 +549,6 @@ class Rotator:
         for fut in dropped:
             self._let_go_of(fut)
         self._switched()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("closing %s without waiting any longer for the rotation in progress",
-                            self.lg.dest.url)
-
-
-def _serve(ref: weakref.ReferenceType[Rotator], cv: threading.Condition) -> None:
-    """The rotation thread: serves requests for as long as the Rotator lives."""
-    while True:
-        with cv:
-            while True:
-                rotator = ref()
-                if rotator is None:
-                    return
-                if rotator._queue or rotator._stop:
-                    break
-                del rotator  # not held while idle
-                cv.wait(0.5)  # a notify an interruption cut short costs this much at most
-        if not rotator._serve_head():
-            return
-        del rotator
-
-
-def _wake(cv: threading.Condition) -> None:
-    with cv:
-        cv.notify_all()
+        self._job.cancel()
+        if not self._job.wait_idle(timeout):
+            log.warning("closing %s without waiting any longer for the rotation in progress", self.lg.dest.url)

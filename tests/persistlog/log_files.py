@@ -31,10 +31,8 @@ def crash(lg: persistlog.Log) -> None:
     also lose unsynced OS data (a power loss), cut the newest segment afterwards with
     :func:`truncate`.
     """
-    lg._stop.set()
+    lg._stop_background()
     lg._rotator.close()
-    if lg._ticker is not None:
-        lg._ticker.join()
     lg._restore_signal()
     with lg._io_lock:
         # Records still pending in the Log's memory are simply never written.

@@ -491,7 +491,7 @@ def test_rotate_on_signal_installs_a_loop_handler(log_dir: str) -> None:
         alog = await persistlog.open_async(log_dir, nothing, rotate_on_signal=signal.SIGUSR1)
         seq = alog.seq
         os.kill(os.getpid(), signal.SIGUSR1)
-        # The flush thread makes the rotation due; the next update starts it.
+        # The Log's background job makes the rotation due; the next update starts it.
         await asyncio.get_running_loop().run_in_executor(None, wait_until, lambda: alog.stats()["rotation_due"])
         await alog.update({"after": "signal"})
         assert alog.seq > seq

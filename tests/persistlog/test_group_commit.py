@@ -145,6 +145,22 @@ def test_writers_arriving_during_a_sync_share_the_next_one(monkeypatch: pytest.M
     wait_until(lambda: gc._thread is None, 10, "the sync thread ending after stop()")
 
 
+def test_the_sync_thread_ends_once_idle_and_the_next_group_starts_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An idle Log keeps no sync thread: many open Logs cost no thread each.
+    monkeypatch.setattr(_group_commit, "_IDLE_END", 0.2)
+    log = Appended()
+    gc = group_commit(log)
+    for _ in range(2):
+        leader = leader_held_at_the_gate(gc, log)
+        writers, outcome = park(gc, log, 4)
+        assert gc._thread is not None
+        log.gate.set()
+        join([leader, *writers])
+        assert all(isinstance(seen, int) for seen in outcome.values())
+        wait_until(lambda: gc._thread is None, 10, "the idle sync thread ending")
+    assert [name for _, _, name in log.syncs] == ["leader", "persistlog-sync test"] * 2
+
+
 def test_a_failing_sync_reaches_every_waiter() -> None:
     log = Appended()
     gc = group_commit(log)

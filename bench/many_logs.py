@@ -1,0 +1,144 @@
+"""Many open logs in one process: threads, idle CPU, file descriptors, open and close time.
+
+A service that keeps one log per tenant, shard or resource holds hundreds or thousands of
+Logs open at once, most of them idle at any moment. What each open Log costs while it
+does nothing is what this group measures, in a child process of its own (so that the
+threads and descriptors counted are the logs' alone, not the bench run's):
+
+1. open ``n`` logs, each at a fresh local directory, with
+   ``persistlog.open(url_i, lambda emit: None, durability="flush")``, timing the opens;
+2. count the process's threads and open file descriptors;
+3. leave the logs idle for ``idle_seconds`` and read the CPU time the process used
+   meanwhile (``psutil``'s ``cpu_times``, user + system, all threads);
+4. close them all, timing the closes.
+
+Run as a script it is that child (``--child N --root DIR --idle-seconds S``), and prints
+its figures as one JSON line; ``python bench/many_logs.py --logs N`` runs one round and
+prints the figures without the bench table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from figures import Figure, at_most, info
+from workload import Config, Scratch
+
+log = logging.getLogger("bench")
+
+AREA = "many"
+#: Where many open logs should get to (a later step for file descriptors and open time):
+#: this many threads at most, and this share of one core while idle.
+MAX_THREADS = 16
+MAX_IDLE_CPU_PERCENT = 2.0
+
+
+def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
+    """Open ``n`` logs under ``root``, leave them idle, close them; the figures."""
+    import psutil
+
+    import persistlog
+
+    me = psutil.Process()
+    threads_before = me.num_threads()
+    fds_before = me.num_fds()
+    logs: list[persistlog.Log] = []
+    started = time.perf_counter()
+    for i in range(n):
+        logs.append(persistlog.open(os.path.join(root, f"log-{i}"), lambda emit: None, durability="flush"))
+    open_seconds = time.perf_counter() - started
+    time.sleep(0.5)  # whatever the opening started settles
+    threads = me.num_threads()
+    fds = me.num_fds()
+    cpu0 = me.cpu_times()
+    wall0 = time.perf_counter()
+    time.sleep(idle_seconds)
+    cpu1 = me.cpu_times()
+    wall = time.perf_counter() - wall0
+    idle_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    started = time.perf_counter()
+    for lg in logs:
+        lg.close()
+    close_seconds = time.perf_counter() - started
+    return {
+        "logs": n,
+        "threads_before": threads_before,
+        "threads": threads,
+        "python_threads": threading.active_count(),
+        "fds_before": fds_before,
+        "fds": fds,
+        "open_seconds": open_seconds,
+        "close_seconds": close_seconds,
+        "idle_seconds": wall,
+        "idle_cpu_seconds": idle_cpu,
+        "idle_cpu_percent": 100.0 * idle_cpu / wall,
+    }
+
+
+def run_child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
+    """:func:`child` in a fresh interpreter (this one's environment, so the same persistlog)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", str(n), "--root", root,
+         "--idle-seconds", str(idle_seconds)],
+        capture_output=True, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"the many-logs child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def figures_of(r: dict[str, Any]) -> list[Figure]:
+    n = r["logs"]
+    return [
+        at_most(f"threads, {n:,} open logs", AREA, r["threads"], MAX_THREADS, "",
+                r["threads_before"], "before opening", raw=r),
+        at_most(f"idle CPU, {n:,} open logs", AREA, round(r["idle_cpu_percent"], 2), MAX_IDLE_CPU_PERCENT,
+                "% core"),
+        info(f"open() per log, {n:,} logs", AREA, 1e3 * r["open_seconds"] / n, "ms"),
+        info(f"close() per log, {n:,} logs", AREA, 1e3 * r["close_seconds"] / n, "ms"),
+        info(f"file descriptors, {n:,} open logs", AREA, r["fds"], ""),
+    ]
+
+
+def many_open_logs(cfg: Config, s: Scratch) -> list[Figure]:
+    """Threads, idle CPU, descriptors and open/close time of ``cfg.many_logs`` open logs."""
+    n = cfg.many_logs
+    idle = cfg.many_idle_seconds
+    log.info("many logs: %d logs opened with durability='flush', idle %gs", n, idle)
+    return figures_of(run_child(n, s.fresh("many"), idle))
+
+
+BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
+    "logs": many_open_logs,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", type=int, metavar="N", help="run as the child: open N logs")
+    parser.add_argument("--root", help="where the child's logs go")
+    parser.add_argument("--logs", type=int, default=1000, help="logs to open (one round, no table)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.root, args.idle_seconds)))
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="many-logs-") as root:
+        r = run_child(args.logs, root, args.idle_seconds)
+    print(json.dumps(r, indent=2))
+
+
+if __name__ == "__main__":
+    main()
