@@ -29,10 +29,19 @@ from destinations import Destination, open_destination
 
 from . import _format as F
 from ._codec import Codec
-from ._errors import CorruptLogError, DestinationError, PersistLogError, ResetRequired
+from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
-from ._reader import Batch, LogScanner, declares_gap, read_pointer
-from ._restore import gc_pause, plan, scan_from
+from ._reader import (
+    RESYNC_ATTEMPTS,
+    Batch,
+    LogScanner,
+    SegmentGone,
+    declares_gap,
+    outrun,
+    read_pointer,
+    retention_gap,
+)
+from ._restore import gc_pause, gone_since, plan, scan_from
 from ._resume import records_to_skip
 
 log = logging.getLogger("persistlog")
@@ -172,8 +181,10 @@ class Follower:
         on_reset: Callable[[], Any] | None,
         codec: Codec,
         recovery: str,
+        wait_for_log: bool = False,
     ) -> None:
         self.dest = dest
+        self._wait_for_log = wait_for_log
         self._replay = replay
         self._replay_batch = replay_batch
         self._cursor = cursor
@@ -411,7 +422,7 @@ class Follower:
         self.polls += 1
         try:
             if self._cursor is None:
-                yield from self._sync_from_start()
+                yield from self._sync(None)
             else:
                 if self._check_cursor:
                     self._resume_inside_batch(self._cursor)
@@ -419,15 +430,75 @@ class Follower:
         except FileNotFoundError as e:
             if isinstance(e, PersistLogError):
                 raise
-            yield from self._reset(f"a file the cursor needs is gone ({e})")
+            # What the cursor needs is gone: retention deleted its log, or it is ahead of
+            # the log. (A segment missing in the middle of a log raises CorruptLogError.)
+            yield from self._sync(self._why_gone(e))
         except OSError as e:
             if isinstance(e, PersistLogError):
                 raise
             raise DestinationError(f"reading {self.dest.url} failed: {e}") from e
 
+    def _why_gone(self, e: FileNotFoundError) -> str:
+        """Why the follower cannot go on, for a file found missing while reading from the
+        cursor: the segment a scan names, else the cursor's own (anything later the
+        follower reads is gone only once retention deleted the cursor's log too)."""
+        if isinstance(e, SegmentGone):
+            seq, segment = e.seq, e.segment
+        else:
+            assert self._cursor is not None
+            seq, segment = self._cursor.log, self._cursor.segment
+        gap = retention_gap(self.dest, seq, segment)
+        if gap is not None:
+            return str(gap)
+        return f"a file the cursor needs is gone ({e})"
+
+    def _sync(self, why: str | None) -> Iterator[FollowedBatch]:
+        """Catch up from the newest complete log: the first sync (``why`` None), or a reset
+        for the reason ``why`` (``on_reset``, else :class:`ResetRequired`).
+
+        Retention may delete that log too while it is read: then the follower starts again
+        from the newest complete log, with another reset if it had applied anything of the
+        old one, at most ``RESYNC_ATTEMPTS`` times."""
+        for _attempt in range(RESYNC_ATTEMPTS):
+            if why is not None:
+                self._start_over(why)
+            applied = self.applied_records
+            try:
+                yield from self._sync_from_start()
+                return
+            except SegmentGone as e:
+                # A segment missing in the middle of a log raises CorruptLogError here.
+                gap = retention_gap(self.dest, e.seq, e.segment)
+                gone = str(gap) if gap is not None else f"{e}, which was listed a moment ago"
+            # What was applied of the vanished log must go: that needs a reset; nothing
+            # applied (the state is what on_reset left, or the app's own) needs none.
+            if self.applied_records == applied:
+                why, self._cursor = None, None
+                log.info("follower of %s starts again from the newest complete log: %s", self.dest.url, gone)
+            else:
+                why = gone
+        raise outrun(self.dest.url, RESYNC_ATTEMPTS)
+
+    def _start_over(self, why: str) -> None:
+        if self._on_reset is None:
+            raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
+        log.warning("follower of %s resets: %s", self.dest.url, why)
+        self.resets += 1
+        self._on_reset()
+        self._cursor = None
+        self._partial = None
+        self._skip = None
+        self._sealed = False
+
     def _sync_from_start(self) -> Iterator[FollowedBatch]:
         p = plan(self.dest)
         if p.start is None:
+            if not self._wait_for_log:
+                # A mistyped location must not look like a quiet, caught-up log.
+                raise LogNotFoundError(
+                    f"no persistlog log at {self.dest.url}: follow(..., wait_for_log=True) waits "
+                    "for a writer to make one"
+                )
             return
         self._at_end = False
         # Only an appended segment can be caught mid-write; objects are written whole.
@@ -435,14 +506,22 @@ class Follower:
         # Catching up is a restore, paused GC and all -- unless an app iterating us runs
         # its own code between batches.
         with nullcontext() if self._keep_records else gc_pause.during_replay():
-            for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
-                st = scanner.state
-                self._sealed = st.sealed
-                after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
-                if batch.is_control:
-                    self._cursor = after
-                else:
-                    yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
+            try:
+                for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
+                    st = scanner.state
+                    self._sealed = st.sealed
+                    after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+                    if batch.is_control:
+                        self._cursor = after
+                    else:
+                        yield self._apply(batch, st.next_lsn or batch.first_lsn, after)
+            except CorruptLogError as e:
+                # A listing taken while retention was deleting a log shows it cut short,
+                # and the log after it then "starts at the wrong LSN": the log is going.
+                gone = gone_since(self.dest, p)
+                if gone is None:
+                    raise
+                raise gone from e
         self._at_end = True
 
     def _resume_inside_batch(self, cur: Cursor) -> None:
@@ -454,28 +533,16 @@ class Follower:
             self._cursor = Cursor(cur.log, cur.segment, cur.offset, cur.next_lsn - skip)
             self._skip = ((cur.log, cur.segment, cur.offset), skip)
 
-    def _reset(self, why: str) -> Iterator[FollowedBatch]:
-        if self._on_reset is None:
-            raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
-        log.warning("follower of %s resets: %s", self.dest.url, why)
-        self.resets += 1
-        self._on_reset()
-        self._cursor = None
-        self._partial = None
-        self._skip = None
-        self._sealed = False
-        yield from self._sync_from_start()
-
     def _tail(self) -> Iterator[FollowedBatch]:
         cur = self._cursor
         assert cur is not None
         name = F.segment_name(cur.log, cur.segment)
         later = [n for n in self.dest.list(start_after=name) if F.parse_segment_name(n) is not None]
         if cur.offset == 0 or not self._at_end or (self.dest.appendable and not self._sealed):
-            # A missing segment raises FileNotFoundError, which resets (see _poll_once).
+            # A missing segment raises FileNotFoundError: a reset, or damage (_why_gone).
             size = self.dest.size(name)
             if cur.offset > size:
-                yield from self._reset(f"the cursor is past the end of {name} ({size} bytes)")
+                yield from self._sync(f"the cursor is past the end of {name} ({size} bytes)")
                 return
             if size > cur.offset or cur.offset == 0:
                 # The segment is final once anything follows it: a torn end is then dropped
@@ -500,7 +567,7 @@ class Follower:
             nxt = dict(next_segments(cur, self._sealed)).get(n)
             if nxt is None:
                 # Retention deleted the cursor's log (FileNotFoundError: a reset, see
-                # _poll_once); if it is still there, something is missing after it.
+                # _why_gone); if it is still there, something is missing after it.
                 self.dest.size(F.segment_name(cur.log, cur.segment))
                 raise CorruptLogError(
                     f"expected the segment after log {cur.log} segment {cur.segment}, found {n}",
@@ -515,7 +582,7 @@ class Follower:
                     # The log we followed ended unsealed where the next one does not begin:
                     # its end was lost (a secondary detached mid-log, a power loss took bytes
                     # we had read). Our history and the log's diverged: re-sync.
-                    yield from self._reset(
+                    yield from self._sync(
                         f"log {seq} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
                     )
                     return
@@ -529,7 +596,7 @@ class Follower:
         behind): our history cannot go on into it. Re-sync once a log from it on is
         complete (CURRENT names it); until then there is nothing newer to apply."""
         if gap_closed(self.dest, seq):
-            yield from self._reset(f"log {seq} follows a gap its writer left at this destination")
+            yield from self._sync(f"log {seq} follows a gap its writer left at this destination")
         else:
             self._at_end = True
 
@@ -574,6 +641,7 @@ def follow(
     storage_options: dict[str, Any] | None = None,
     codec: Codec | None = None,
     recovery: str = "strict",
+    wait_for_log: bool = False,
 ) -> Follower:
     """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
     records as they arrive.
@@ -584,9 +652,16 @@ def follow(
     cursor) pauses the cyclic GC as :func:`persistlog.restore` does, unless the app
     iterates the follower itself.
     Nothing runs until you call ``start()`` (or enter ``with``), ``poll()``, or iterate.
-    If retention deleted what the cursor needs, or the cursor is ahead of the log,
-    ``on_reset()`` is called (the app clears its state) and the follower re-syncs from the
-    newest complete log; without ``on_reset`` it raises :class:`ResetRequired`.
+    If retention deleted what the cursor needs (before or while the follower reads it), or
+    the cursor is ahead of the log, ``on_reset()`` is called (the app clears its state) and
+    the follower re-syncs from the newest complete log; without ``on_reset`` it raises
+    :class:`ResetRequired`. A re-sync that retention outruns in turn starts again (another
+    ``on_reset()`` if it had applied anything), at most five times in a row, then raises
+    :class:`DestinationError`. A segment missing in the middle of a log is
+    :class:`CorruptLogError`.
+    A location that holds no log is :class:`LogNotFoundError` at the first poll (from
+    ``wait_caught_up()``, ``poll()`` or iteration), so that a mistyped path never looks
+    like a healthy, caught-up replica; ``wait_for_log=True`` waits for a writer to make one.
     ``poll_interval`` defaults to 10 ms for local directories and 250 ms for object stores,
     where every poll is one LIST request.
     """
@@ -608,6 +683,7 @@ def follow(
         on_reset=on_reset,
         codec=codec or Codec(),
         recovery=recovery,
+        wait_for_log=wait_for_log,
     )
 
 

@@ -8,6 +8,7 @@ logs (restore, follower, CLI, Spark) goes through :class:`LogScanner`.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,11 @@ READ_CHUNK = 4 * 1024 * 1024
 HEADER_PEEK = 1024
 
 RECOVERY_MODES = ("strict", "skip")
+
+#: How many times a reader that starts again from the newest complete log (a follower's
+#: reset, a stream's ``onRetentionGap=restore``) tries when retention deletes that log
+#: under it too, before it gives up with :func:`outrun`.
+RESYNC_ATTEMPTS = 5
 
 #: Where a scan resumes: (segment number, byte offset, the LSN due there). The LSN is None
 #: at a segment's start, whose header names it.
@@ -140,6 +146,66 @@ class LogState:
     @property
     def complete(self) -> bool:
         return self.complete_lsn is not None
+
+
+class SegmentGone(FileNotFoundError):
+    """Segment ``segment`` of log ``seq`` is not there: a scan was reading it or about to.
+
+    A ``FileNotFoundError``, so that callers that only know "a file vanished" keep working;
+    :func:`retention_gap` tells a reader what it means."""
+
+    def __init__(self, url: str, seq: int, segment: int) -> None:
+        name = F.segment_name(seq, segment)
+        super().__init__(errno.ENOENT, f"log {seq} segment {segment} is gone", f"{url}/{name}")
+        self.seq = seq
+        self.segment = segment
+
+
+@dataclass(frozen=True)
+class RetentionGap:
+    """Retention deleted log ``seq`` from segment ``segment`` on; ``newest`` is the
+    complete log CURRENT names now."""
+
+    seq: int
+    segment: int
+    newest: int
+
+    def __str__(self) -> str:
+        return (f"log {self.seq} segment {self.segment} was deleted by retention "
+                f"(the newest complete log is {self.newest})")
+
+
+def retention_gap(dest: Destination, seq: int, segment: int) -> RetentionGap | None:
+    """Why segment ``segment`` of log ``seq`` is missing, for a reader that found it gone
+    (or was pointed at it): the one place where "vanished under me" is told apart.
+
+    A :class:`RetentionGap` when retention deleted it: CURRENT names a later log
+    (retention deletes only after CURRENT moved past what it deletes) and no segment of
+    log ``seq`` after ``segment`` is left (retention deletes a log's segments last first,
+    so a deletion under way leaves a prefix). Raises :class:`CorruptLogError` when a later
+    segment of the log is still there: a segment missing in the middle of a log is damage.
+    None otherwise: the log ends before that segment (a cursor ahead of the log)."""
+    left = list_logs(dest).get(seq, [])
+    later = [name for number, name in left if number > segment]
+    if later:
+        raise CorruptLogError(
+            f"segment {segment} is missing from the middle of the log ({later[0]} is there)",
+            destination=dest.url, log=seq, segment=F.segment_name(seq, segment), offset=0,
+        )
+    newest = read_pointer(dest)
+    if newest is not None and newest > seq:
+        return RetentionGap(seq, segment, newest)
+    return None
+
+
+def outrun(url: str, attempts: int) -> DestinationError:
+    """The error of a reader that started again from the newest complete log ``attempts``
+    times and saw retention delete it under it each time."""
+    return DestinationError(
+        f"cannot catch up with {url}: retention deleted the newest complete log while it was "
+        f"read, {attempts} times in a row (the writer rotates faster than this reader reads "
+        "one log: keep more logs with a larger retain, or read faster)"
+    )
 
 
 def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
@@ -332,16 +398,11 @@ class LogScanner:
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
                 seg = SegmentBytes.open(self.dest, name, resume)
-            except FileNotFoundError:
-                raise
-            except OSError as e:
-                raise self._read_error(name, e) from e
-            try:
                 yield from self._scan_segment(
                     seg, number, index == last_index and not self.more_segments, resume, next_lsn
                 )
-            except FileNotFoundError:
-                raise
+            except FileNotFoundError as e:
+                raise SegmentGone(self.dest.url, self.seq, number) from e
             except OSError as e:
                 raise self._read_error(name, e) from e
             if st.after_gap:

@@ -26,6 +26,7 @@ from ._reader import (
     Batch,
     LogScanner,
     LogState,
+    SegmentGone,
     Skipped,
     TornTail,
     closed_end,
@@ -290,13 +291,19 @@ def changed_under(dest: Destination, p: ReplayPlan) -> bool:
     assert p.start is not None
     if p.pointer is not None and read_pointer(dest) != p.pointer:
         return True
+    return gone_since(dest, p) is not None
+
+
+def gone_since(dest: Destination, p: ReplayPlan) -> SegmentGone | None:
+    """The first segment the plan lists, from its start log on, that is gone now."""
+    assert p.start is not None
     now = list_logs(dest)
-    return any(
-        name not in {n for _, n in now.get(seq, [])}
-        for seq, segments in p.logs.items()
-        if seq >= p.start
-        for _, name in segments
-    )
+    for seq, segments in sorted(p.logs.items()):
+        there = {number for number, _ in now.get(seq, [])}
+        for number, _name in segments:
+            if seq >= p.start and number not in there:
+                return SegmentGone(dest.url, seq, number)
+    return None
 
 
 class _GcPause:

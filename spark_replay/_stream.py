@@ -25,12 +25,14 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from destinations import Destination, open_destination
-from persistlog._errors import LogNotFoundError, ResetRequired
+from persistlog import _format as F
+from persistlog._errors import DestinationError, LogNotFoundError, PersistLogError, ResetRequired
 from persistlog._follower import Cursor
+from persistlog._reader import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap
 
 from ._options import STARTING_POSITIONS, StreamOptions
 from ._plan import LogPartition, split_bytes
-from ._tail import Mark, Position, Tail, earliest_position, end_cursor, restore_position
+from ._tail import GAP_OPTIONS, Mark, Position, Tail, earliest_position, end_cursor, restore_position
 
 log = logging.getLogger("spark_replay")
 
@@ -52,6 +54,11 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         self._tail: Tail | None = None
         self._walked: tuple[dict[str, Any], list[Mark]] | None = None
         self._until: Cursor | None = None
+        # The range the executors read last (onRetentionGap=restore): its end, its marks.
+        self._reading: tuple[dict[str, Any], list[Mark]] | None = None
+        # A micro-batch whose range could not be planned again (onRetentionGap=restore):
+        # the next offset goes on from the newest complete log.
+        self._gap: ResetRequired | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors only call read(): no live connection, no driver state.
@@ -86,7 +93,18 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return {STARTING: where}
 
     def _start(self, where: str) -> Position | None:
-        """Where ``restore``, ``earliest`` or ``latest`` is now (None: no log yet)."""
+        """Where ``restore``, ``earliest`` or ``latest`` is now (None: no log yet), looked
+        for again when retention deletes the log it names as it is read."""
+        for _attempt in range(RESYNC_ATTEMPTS):
+            try:
+                return self._position(where)
+            except FileNotFoundError as e:
+                if isinstance(e, PersistLogError):
+                    raise
+                log.info("stream of %s: %s; looking for the %s position again", self.opts.read.url, e, where)
+        raise outrun(self.opts.read.url, RESYNC_ATTEMPTS)
+
+    def _position(self, where: str) -> Position | None:
         dest = self.tail.dest
         if where == "restore":
             return restore_position(dest)
@@ -117,6 +135,9 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             max_records = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records
             max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
         pos = Position.from_offset(start)
+        gap = self._gap_before(start)
+        if gap is not None:
+            return self._restore_after_gap(gap)
         try:
             marks = self.tail.walk(pos, max_records=max_records, max_bytes=max_bytes, until=self._until)
         except ResetRequired as e:
@@ -130,7 +151,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return marks[-1].position.offset()
 
     def _restore_after_gap(self, gap: ResetRequired) -> dict[str, Any]:
-        restart = restore_position(self.tail.dest)
+        restart = self._start("restore")
         if restart is None:
             raise gap
         log.warning("%s; onRetentionGap=restore: continuing from log %d", gap, restart.cursor.log)
@@ -139,6 +160,44 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def prepareForTriggerAvailableNow(self) -> None:
         # No log yet: nothing to read (a log appearing later is after the start).
         self._until = end_cursor(self.tail.dest) or Cursor(0, 0, 0, 0)
+
+    def _gap_before(self, start: dict[str, Any]) -> ResetRequired | None:
+        """A retention gap in the micro-batch that ended at ``start`` (onRetentionGap=
+        restore): its range could not be planned again, or its executors may have found
+        segments deleted (they keep the rows they read and stop). Spark runs one
+        micro-batch at a time, so the one before is done when the next offset is asked for
+        (``commit`` comes later: after that offset is checkpointed)."""
+        gap, self._gap = self._gap, None
+        reading, self._reading = self._reading, None
+        if gap is None and reading is not None and reading[0] == start:
+            gap = self._deleted_while_read(reading[1])
+        return gap
+
+    def _deleted_while_read(self, marks: list[Mark]) -> ResetRequired | None:
+        """Whether retention deleted a segment of the range the marks span, so that its
+        records may be missing, and the micro-batch does not hold the newest complete log
+        from its start (whose rows rebuild the state). A segment deleted just after it was
+        read counts too: the stream cannot tell."""
+        first, last = marks[0].position.cursor, marks[-1].position.cursor
+        # Retention deletes the oldest log first and a log's last segment first: while the
+        # last segment the range read of its first log is there, all it read is there.
+        number = max(m.position.cursor.segment for m in marks[:-1] if m.position.cursor.log == first.log)
+        try:
+            self.tail.dest.size(F.segment_name(first.log, number))
+            return None
+        except FileNotFoundError:
+            pass
+        newest = self._start("restore")
+        if newest is not None and first.log < newest.cursor.log <= last.log:
+            log.warning("retention at %s deleted log %d segment %d while a micro-batch read it: "
+                        "rows of it may be missing, but the micro-batch holds complete log %d "
+                        "from its start, whose rows rebuild the state", self.opts.read.url,
+                        first.log, number, newest.cursor.log)
+            return None
+        return ResetRequired(
+            f"retention at {self.opts.read.url} deleted log {first.log} segment {number} while "
+            f"the micro-batch from cursor {first} read it: records of it may be missing"
+        )
 
     def commit(self, end: dict[str, Any]) -> None:
         if self._walked is not None and self._walked[0] != end and not _within(self._walked[1], end):
@@ -154,7 +213,18 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if STARTING in start or end.get("restored") or start == end:
             return []
-        marks = self._marks(start, end)
+        try:
+            marks = self._marks(start, end)
+        except ResetRequired as e:
+            # A micro-batch planned before a stop (or whose read failed) whose records
+            # retention deleted since: none of them can be read now.
+            if self.opts.on_retention_gap != "restore":
+                raise
+            log.warning("%s; onRetentionGap=restore: the micro-batch reads nothing", e)
+            self._gap = e
+            return []
+        if self.opts.on_retention_gap == "restore" and len(marks) > 1:
+            self._reading = (end, marks)
         return stream_partitions(marks, self.opts)
 
     def _marks(self, start: dict[str, Any], end: dict[str, Any]) -> list[Mark]:
@@ -176,7 +246,35 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         from ._scan import read_records
 
         assert isinstance(partition, LogPartition)
-        return read_records(partition)
+        try:
+            yield from read_records(partition)
+        except DestinationError as e:
+            gone = e.__cause__
+            gap = _deleted(partition, gone) if isinstance(gone, SegmentGone) else None
+            if gap is None:
+                raise
+            segment, offset, next_lsn = partition.start
+            assert next_lsn is not None  # a stream's partitions start where a walk stood
+            what = (
+                f"cannot read the micro-batch of {partition.url} from cursor "
+                f"{Cursor(partition.seq, segment, offset, next_lsn)}: {gap} while the "
+                f"micro-batch read it, so records of log {partition.seq} are missing"
+            )
+            if self.opts.on_retention_gap != "restore":
+                raise ResetRequired(f"{what}. {GAP_OPTIONS}") from e
+            # The driver sees the deletion once the micro-batch is done (_gap_before).
+            log.warning("%s; onRetentionGap=restore: the stream goes on from the newest "
+                        "complete log", what)
+
+
+def _deleted(part: LogPartition, gone: SegmentGone) -> RetentionGap | None:
+    """Whether retention deleted what a partition was reading (CorruptLogError: a segment
+    missing in the middle of a log)."""
+    dest = open_destination(part.url, **part.storage_options)
+    try:
+        return retention_gap(dest, gone.seq, gone.segment)
+    finally:
+        dest.close()
 
 
 def _parse_cursor(value: str) -> Cursor:

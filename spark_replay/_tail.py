@@ -27,9 +27,9 @@ from typing import Any
 from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
-from persistlog._errors import CorruptLogError, ResetRequired
+from persistlog._errors import CorruptLogError, PersistLogError, ResetRequired
 from persistlog._follower import Cursor, first_lsn, gap_closed, next_segments
-from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer
+from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer, retention_gap
 from persistlog._restore import plan as restore_plan
 
 log = logging.getLogger("spark_replay")
@@ -41,6 +41,11 @@ MARK_BYTES = 256 * 1024
 # An idle stream looks this often for a later log that skipped the next number (one that
 # follows a gap on a secondary): a read of CURRENT, and a listing only if it moved on.
 SKIP_CHECK_SECONDS = 5.0
+#: What a query that cannot go on past a retention gap may do (the end of its message).
+GAP_OPTIONS = (
+    "Set option onRetentionGap=restore to continue from the newest complete log (its rows "
+    "rebuild the state), or start a new query with startingPosition=restore."
+)
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,19 @@ class Tail:
     def _walk_segment(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
         """Walk the rest of the cursor's segment, appending marks; return the position at
         the start of the segment that follows, if there is one yet."""
+        walked = len(marks)
+        try:
+            return self._walk_on(pos, marks, limits)
+        except FileNotFoundError as e:
+            if isinstance(e, PersistLogError):
+                raise
+            # This segment, or the one after it, vanished under the walk: retention is
+            # deleting the cursor's log (it deletes a log's segments last first, and
+            # whole logs oldest first). Nothing of it is taken.
+            del marks[walked:]
+            return self._after_gap(pos)
+
+    def _walk_on(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
         cur = pos.cursor
         name = F.segment_name(cur.log, cur.segment)
         # Look for what follows before sizing this segment: a successor seen now means
@@ -237,10 +255,7 @@ class Tail:
         following = self._following(pos)
         if pos.sealed and following is not None:
             return self._enter(pos, following)
-        try:
-            size = self._size(name, cur)
-        except FileNotFoundError:
-            return self._after_gap(pos)
+        size = self._size(name, cur)
         end, damaged = self._batches(pos, name, size, marks, limits)
         # Objects never grow: what the walk could not take there is never "in progress".
         if end < size and (following is not None or damaged or not self.dest.appendable):
@@ -433,23 +448,29 @@ class Tail:
 
     def _after_gap(self, pos: Position) -> Position | None:
         """The cursor's segment is gone. Nothing is lost if the next log starts exactly
-        where the cursor stands; anything else is a gap."""
+        where the cursor stands; anything else is a gap (:func:`retention_gap` says
+        whether retention made it; a segment missing in the middle of a log is damage)."""
         cur = pos.cursor
         logs = list_logs(self.dest)
         if cur.log + 1 in logs and cur.log not in logs:
-            name = F.segment_name(cur.log + 1, 0)
-            if first_lsn(self.dest, name) == cur.next_lsn:
+            if self._first_lsn(F.segment_name(cur.log + 1, 0)) == cur.next_lsn:
                 return Position(Cursor(cur.log + 1, 0, 0, cur.next_lsn), pos.base)
+        gap = retention_gap(self.dest, cur.log, cur.segment)
         if logs:
             oldest = min(logs)
-            first = first_lsn(self.dest, F.segment_name(oldest, 0))
+            first = self._first_lsn(F.segment_name(oldest, 0))
             left = f"the oldest log left is {oldest}" + (f", from LSN {first}" if first is not None else "")
         else:
             left = "no log is left"
         raise ResetRequired(
             f"cannot resume the stream of {self.dest.url} from cursor {cur}: log {cur.log} segment "
-            f"{cur.segment} is gone (deleted by retention) and {left}, so records from LSN "
-            f"{cur.next_lsn} on are missing. Set option onRetentionGap=restore to continue from "
-            "the newest complete log (its rows rebuild the state), or start a new query with "
-            "startingPosition=restore."
+            f"{cur.segment} is gone ({'deleted by retention' if gap else 'not there'}) and {left}, "
+            f"so records from LSN {cur.next_lsn} on are missing. {GAP_OPTIONS}"
         )
+
+    def _first_lsn(self, name: str) -> int | None:
+        """:func:`first_lsn`, None for a segment that is gone too."""
+        try:
+            return first_lsn(self.dest, name)
+        except FileNotFoundError:
+            return None

@@ -14,7 +14,9 @@ consecutive calls. A fault can:
 * raise a permanent ``OSError`` (``errno.EIO``, ``errno.ENOSPC``…) before the call;
 * raise a transient error (``ConnectionResetError`` by default, like a dropped connection);
 * raise *after* the call went through (``after=True``), like a response lost on the wire;
-* delay the call (``delay(op, seconds)``).
+* delay the call (``delay(op, seconds)``);
+* run something else first (``call_before(op, hook)``), at that exact point: another
+  process deleting or writing files between two calls of a reader.
 
 Instances are never cached by fsspec, so each plan gets its own wrapper; the target
 filesystem is built with ``fsspec.filesystem(target_protocol, **target_options)`` (for
@@ -47,6 +49,7 @@ class Fault:
     make_error: Callable[[str], BaseException] | None
     delay: float = 0.0
     after: bool = False
+    hook: Callable[[], None] | None = None
 
     def matches(self, op: str, count: int) -> bool:
         return op == self.op and self.nth <= count < self.nth + self.times
@@ -92,6 +95,11 @@ class FaultPlan:
         self.rules.append(Fault(op, nth, times, None, delay=seconds))
         return self
 
+    def call_before(self, op: str, hook: Callable[[], None], nth: int = 1) -> FaultPlan:
+        """Run ``hook`` just before call ``nth`` of ``op``, then let the call through."""
+        self.rules.append(Fault(op, nth, 1, None, hook=hook))
+        return self
+
     def run(self, op: str, call: Callable[[], Any]) -> Any:
         """Apply the plan to one call of ``op``."""
         with self._lock:
@@ -103,6 +111,8 @@ class FaultPlan:
         for rule in rules:
             if rule.delay:
                 time.sleep(rule.delay)
+            if rule.hook is not None:
+                rule.hook()
         for rule in rules:
             if rule.make_error is not None and not rule.after:
                 raise rule.make_error(f"injected fault: {op} call {count}")

@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             poll_interval=args.interval if args.follow else 3600.0,
             on_reset=on_reset,
             storage_options=parse_storage_options(args.storage_options),
+            wait_for_log=args.wait,
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

@@ -6,14 +6,17 @@ every record exactly once and rebuilds the writer's state.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import persistlog
 import spark_replay
+from threads import wait_until
 
 
 class Writer(threading.Thread):
@@ -56,15 +59,14 @@ class Writer(threading.Thread):
         return state, last
 
 
-def start_query(spark: Any, url: str, out: str, options: dict[str, str]) -> Any:
+def start_query(spark: Any, url: str, out: str, options: dict[str, str],
+                each_batch: Callable[[Any, int], None] | None = None) -> Any:
+    """A query writing ``out/events`` as Parquet (or through ``each_batch``, foreachBatch)."""
     df = spark.readStream.format("persistlog").options(**options).load(url)
-    return (
-        df.writeStream.format("parquet")
-        .option("path", f"{out}/events")
-        .option("checkpointLocation", f"{out}/checkpoint")
-        .trigger(processingTime="0.5 seconds")
-        .start()
-    )
+    writer = df.writeStream.option("checkpointLocation", f"{out}/checkpoint").trigger(processingTime="0.5 seconds")
+    if each_batch is not None:
+        return writer.foreachBatch(each_batch).start()
+    return writer.format("parquet").option("path", f"{out}/events").start()
 
 
 def wait_rows(spark: Any, out: str, at_least: int, timeout: float = 90) -> None:
@@ -137,3 +139,91 @@ def test_stream_options_are_checked(spark: Any, tmp_path: Any) -> None:
         spark.readStream.format("persistlog").option("logs", "latest").load(str(tmp_path)).writeStream.format(
             "memory"
         ).queryName("bad").start().processAllAvailable()
+
+
+class FastRotation(threading.Thread):
+    """A ResourceStore rotating every 64 KiB with retain=1 (every few seconds: 50 keys a
+    batch, ten batches a second), until stopped."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.store = persistlog.ResourceStore.open(url, rotate_bytes=64 * 1024, retain=1)
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+        self.n = 0
+        self.outruns = 0
+        self._rotating = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            while not self.halt.is_set():
+                self.store.update({f"k{(self.n + i) % 200}": self.n + i for i in range(50)})
+                self.n += 50
+                time.sleep(0.1)
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+    def outrun(self) -> None:
+        """Rotate twice now (unless stopping), and wait for retention to delete every log
+        before them."""
+        with self._rotating:
+            if self.halt.is_set():
+                return
+            self.store.log.rotate()
+            self.store.log.rotate()
+            newest = self.store.log.seq
+            wait_until(lambda: all(int(n[:20]) >= newest - 1 for n in os.listdir(self.url) if n.endswith(".plog")))
+            self.outruns += 1
+
+    def finish(self) -> dict[Any, Any]:
+        with self._rotating:
+            self.halt.set()
+        self.join(30)
+        assert self.error is None, self.error
+        state = self.store.to_dict()
+        self.store.close()
+        return state
+
+
+def outrun_parquet(out: str, w: FastRotation) -> Callable[[Any, int], None]:
+    """A foreachBatch sink writing Parquet. Before it writes (so before the executors read)
+    every other micro-batch, the writer rotates twice: retention deletes what the driver
+    planned."""
+
+    def write(df: Any, batch_id: int) -> None:
+        if batch_id % 2:
+            w.outrun()
+        df.write.mode("overwrite").parquet(f"{out}/events/batch={batch_id}")
+
+    return write
+
+
+@pytest.mark.spark
+def test_stream_under_fast_rotation_goes_on_with_on_retention_gap_restore(spark: Any, tmp_path: Any) -> None:
+    """Retention deletes logs under the executors of micro-batches (and, as the writer
+    rotates, under the driver's walk): with ``onRetentionGap=restore`` the query keeps
+    running (each gap logged), writes no record twice, and its rows rebuild the writer's
+    state. (What the default does at each of those places: test_stream_reader.py.)"""
+    spark_replay.register(spark)
+    url, out = str(tmp_path / "log"), str(tmp_path / "out")
+    w = FastRotation(url)
+    w.start()
+    try:
+        options = {"convention": "resource", "onRetentionGap": "restore"}
+        q = start_query(spark, url, out, options, outrun_parquet(out, w))
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and q.isActive and w.outruns < 2:
+            time.sleep(0.2)
+    finally:
+        final_state = w.finish()
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    assert w.outruns >= 2
+    events = spark.read.parquet(f"{out}/events")
+    lsns = [r["lsn"] for r in events.select("lsn").collect()]
+    assert lsns and len(lsns) == len(set(lsns)), "a record was written twice"
+    live = {r["key"]: json.loads(r["value"]) for r in spark_replay.state(events).select("key", "value").collect()}
+    assert live == final_state

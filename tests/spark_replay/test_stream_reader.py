@@ -18,6 +18,8 @@ from crashsim import CrashSim
 from kv_app import App, restore_state
 from log_histories import batch_spans, flip_byte, segment_paths, unseal
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
+from faults import FaultPlan
+from threads import wait_until
 from secondary_crashes import (
     crash_with_secondary_behind,
     restart_and_crash_on_the_secondary,
@@ -27,11 +29,14 @@ from secondary_crashes import (
 
 import persistlog
 import persistlog._format
+from destinations import open_destination
+from persistlog._retention import apply_retention
 from persistlog._jsonify import from_json
 from persistlog._errors import CorruptLogError, LogNotFoundError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
 from spark_replay._stream import PersistLogStreamReader
+from spark_replay._tail import Position, Tail
 
 
 def stream_reader(url: str, **options: Any) -> PersistLogStreamReader:
@@ -300,6 +305,58 @@ def test_a_stream_after_its_log_was_deleted_whole_goes_on_when_nothing_is_missin
     more = drain(stream_reader(url), end)[1]
     assert lsns(more) == list(range(end["next_lsn"], w.last_lsn + 1))
     w.close()
+
+
+@pytest.mark.parametrize("on_gap", ["fail", "restore"])
+def test_a_micro_batch_whose_records_retention_deletes_before_the_executors_read_them(tmp_path: Any, on_gap: str) -> None:
+    """The driver planned the micro-batch; retention deleted its log before the executors
+    read it. ``fail``: the read fails naming the cursor and the option. ``restore``: the
+    micro-batch keeps what it could read (nothing here), and the stream goes on from the
+    newest complete log, whose rows rebuild the state."""
+    url = str(tmp_path / "log")
+    w = Store(url, retain=1)
+    w.put(5)
+    reader = stream_reader(url, startingPosition="earliest", convention="resource", onRetentionGap=on_gap)
+    start = first_position(reader)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    parts = [pickle.loads(pickle.dumps(p)) for p in reader.partitions(start, end)]
+    assert parts and end["log"] == 1
+    w.store.log.rotate()  # log 2 complete: retention (retain=1) deletes log 1
+    wait_until(lambda: not os.path.exists(os.path.join(url, persistlog._format.segment_name(1, 0))))
+    executor = pickle.loads(pickle.dumps(reader))
+    if on_gap == "fail":
+        with pytest.raises(ResetRequired) as e:
+            [b for p in parts for b in executor.read(p)]
+        cursor = f"{start['log']}:{start['segment']}:{start['offset']}:{start['next_lsn']}"
+        assert cursor in str(e.value) and "deleted by retention" in str(e.value)
+        assert "onRetentionGap=restore" in str(e.value)
+        w.close()
+        return
+    assert [b for p in parts for b in executor.read(p)] == []
+    jump = reader.latestOffset(end, ReadAllAvailable())
+    assert jump["restored"] and jump["log"] == 2
+    assert reader.partitions(end, jump) == []
+    w.put(3)
+    rows = drain(reader, jump)[1]
+    assert {r["log_seq"] for r in rows} == {2} and rows[-1]["lsn"] == w.last_lsn
+    assert resource_state(rows) == w.store.to_dict()
+    w.close()
+
+
+def test_a_log_deleted_as_the_driver_walks_it_is_a_retention_gap(clean_memory_fs: None) -> None:
+    """Retention deletes the log between the walk's look at its size and its read: the
+    stream's retention gap, naming the cursor and the option, never a FileNotFoundError."""
+    w = Store("memory://walk-race/log", retain=10).put_rotate_put(5, 5)
+    w.store.log.rotate()
+    w.close()
+    dest = open_destination("memory://walk-race/log")
+    plan = FaultPlan().call_before("cat_file", lambda: apply_retention(dest, [3], 1, 3))
+    tail = Tail(open_destination("faulty://walk-race/log", target_protocol="memory", faults=plan))
+    with pytest.raises(ResetRequired) as e:
+        tail.walk(Position(persistlog.Cursor(1, 0, 0, 1), 1))
+    assert plan.fired and persistlog._format.segment_name(1, 0) not in dest.list()
+    assert "1:0:0:1" in str(e.value) and "deleted by retention" in str(e.value)
+    assert "onRetentionGap=restore" in str(e.value)
 
 
 class CountingList:
