@@ -148,7 +148,9 @@ def _storage_options(value: Any) -> dict[str, Any]:
 STARTING_POSITIONS = ("restore", "earliest", "latest")
 ON_RETENTION_GAP = ("fail", "restore")
 
-STREAM_KNOWN = frozenset({"startingposition", "maxrecordspertrigger", "maxbytespertrigger", "onretentiongap"})
+STREAM_KNOWN = frozenset(
+    {"startingposition", "maxrecordspertrigger", "maxbytespertrigger", "onretentiongap", "waitforlog"}
+)
 # What a stream chooses otherwise: where to start, and never passing damage over.
 BATCH_ONLY = ("logs", "from_lsn", "to_lsn", "view")
 
@@ -164,6 +166,8 @@ class StreamOptions:
     max_records: int | None = None
     max_bytes: int | None = None
     on_retention_gap: str = "fail"
+    #: Whether a location holding no log yet is waited on (else: LogNotFoundError).
+    wait_for_log: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, Any]) -> StreamOptions:
@@ -188,6 +192,7 @@ class StreamOptions:
             max_records=_int_option(opts, "maxrecordspertrigger", "a positive integer", 1, "a positive integer"),
             max_bytes=None if max_bytes in (None, "") else _byte_count("maxBytesPerTrigger", max_bytes, 1),
             on_retention_gap=_choice(opts, "onretentiongap", ON_RETENTION_GAP),
+            wait_for_log=_choice(opts, "waitforlog", ("false", "true")) == "true",
         )
 
 

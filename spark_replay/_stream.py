@@ -125,6 +125,11 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if STARTING in start:
             first = self._start(str(start[STARTING]))
             if first is None:
+                if not self.opts.wait_for_log:
+                    raise LogNotFoundError(
+                        f"no persistlog log at {self.opts.read.url}: check the path given to load(), "
+                        'or set .option("waitForLog", "true") to wait for a writer to make one'
+                    )
                 log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
                 return start
             log.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])

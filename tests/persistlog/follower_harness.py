@@ -30,6 +30,7 @@ class Writer(App):
         self.so = storage_options
         if restore:  # restore, then open: the app's state is what the log holds
             self.data = restore_state(url, storage_options=storage_options)[0]
+        options.setdefault("concurrent_enumeration", True)  # App's locks keep the contract
         self.log: persistlog.Log = persistlog.open(url, self.enumerate_all, storage_options=storage_options, **options)
 
     def random_ops(self, rng: random.Random, count: int, keys: int = 25) -> None:

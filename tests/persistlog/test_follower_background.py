@@ -120,3 +120,26 @@ def test_followed_batches_carry_each_records_kind(tmp_path: Path) -> None:
     pairs = [(r["key"], kind) for fb in batches for r, kind in zip(fb.records, fb.kinds)]
     assert pairs[-4:] == [("s1", "snapshot"), ("u-during", "update"), ("s2", "snapshot"), ("u2", "update")]
     assert any(set(fb.kinds) == {"snapshot", "update"} for fb in batches), "no mixed batch was made"
+
+
+def test_a_follower_of_a_location_with_no_log_says_so(tmp_path: Any) -> None:
+    """A mistyped path is not a healthy, caught-up replica."""
+    follower = persistlog.follow(str(tmp_path / "typo"), lambda r: None)
+    follower.start()
+    with pytest.raises(persistlog.LogNotFoundError, match="wait_for_log=True"):
+        follower.wait_caught_up(10)
+    with pytest.raises(persistlog.LogNotFoundError):
+        follower.stop()
+
+
+def test_wait_for_log_waits_for_a_writer_to_make_one(tmp_path: Any) -> None:
+    url = str(tmp_path / "later")
+    seen: list[Any] = []
+    follower = persistlog.follow(url, seen.append, wait_for_log=True, poll_interval=0.01)
+    follower.start()
+    assert follower.wait_caught_up(10) and seen == []
+    log = persistlog.open(url, lambda emit: None)
+    log.update({"k": 1})
+    log.close()
+    wait_until(lambda: seen == [{"k": 1}])
+    follower.stop()

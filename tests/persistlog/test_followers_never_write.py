@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import persistlog
 from kv_app import apply
 from follower_harness import Where, Writer, shared_where
@@ -51,6 +53,8 @@ def test_followers_never_write(shared_where: Where, tmp_path: Path) -> None:
     # Following a destination that does not exist creates nothing.
     if local:
         missing = tmp_path / "missing" / "log"
-        g = persistlog.follow(str(missing), lambda r: None)
+        with pytest.raises(persistlog.LogNotFoundError):
+            persistlog.follow(str(missing), lambda r: None).poll()
+        g = persistlog.follow(str(missing), lambda r: None, wait_for_log=True)
         assert g.poll() == 0
         assert not missing.exists() and not missing.parent.exists()

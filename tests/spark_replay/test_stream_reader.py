@@ -190,12 +190,17 @@ def test_a_query_restarted_before_its_first_commit_starts_where_it_first_did(tmp
     w.close()
 
 
-def test_a_stream_waits_for_the_first_log(tmp_path: Any) -> None:
+def test_a_stream_waits_for_the_first_log_only_when_told_to(tmp_path: Any) -> None:
     with pytest.raises(LogNotFoundError, match="does not exist"):
         stream_reader(str(tmp_path / "mistyped")).initialOffset()
     url = str(tmp_path / "log")
     os.mkdir(url)  # a service about to write its first log
-    reader = stream_reader(url)
+    plain = stream_reader(url)
+    with pytest.raises(LogNotFoundError, match="waitForLog"):
+        micro_batch(plain, plain.initialOffset())
+    with pytest.raises(ValueError, match="waitforlog"):
+        stream_reader(url, waitForLog="sometimes")
+    reader = stream_reader(url, waitForLog="true")
     start = reader.initialOffset()
     assert micro_batch(reader, start)[0] == start
     w = Store(url)
