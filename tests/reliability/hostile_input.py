@@ -3,7 +3,8 @@
 The contract (docs/DESIGN.md invariants 2 and 5, docs/FORMAT.md "Torn tails and corruption"): given
 any bytes at a destination, ``persistlog.restore`` (strict or ``recovery="skip"``) and a
 follower's ``poll`` either succeed, handing the app only inert values, or raise
-``persistlog.CorruptLogError``. Nothing else escapes, no length read from storage makes
+``persistlog.CorruptLogError`` (or, a follower where no log is left at all,
+``persistlog.LogNotFoundError``). Nothing else escapes, no length read from storage makes
 anything allocate beyond the batch limit, and no class is constructed that the app did not
 register (records are CBOR's plain types, cbor2's standard semantic types, or
 ``cbor2.CBORTag``).
@@ -411,7 +412,8 @@ def check_destination(path: str, figures: FuzzFigures, label: str) -> None:
     for mode, reader in readers:
         try:
             records = reader(path)
-        except persistlog.CorruptLogError:
+        except (persistlog.CorruptLogError, persistlog.LogNotFoundError):
+            # Damage, or (every log file dropped) no log at all: each its own honest error.
             figures.corrupt += 1
             continue
         except BaseException as e:  # noqa: BLE001 - exactly what this counts

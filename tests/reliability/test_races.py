@@ -319,7 +319,9 @@ def test_follower_races_retention(tmp_path: Path) -> None:
         resets += 1
         state.clear()
 
-    follower = persistlog.follow(url, lambda r: apply(state, r), on_reset=on_reset, poll_interval=0.001)
+    # Started before the writer makes its first log: it waits for one.
+    follower = persistlog.follow(url, lambda r: apply(state, r), on_reset=on_reset, poll_interval=0.001,
+                                 wait_for_log=True)
     wt = threading.Thread(target=w.run)
     wt.start()
     seen: list[frozenset[Any]] = []

@@ -36,6 +36,7 @@ def main() -> None:
     follower = persistlog.follow(
         cfg["url"], apply, on_reset=on_reset, poll_interval=cfg.get("poll", 0.01),
         storage_options=cfg.get("storage_options") or None,
+        wait_for_log=True,  # started before (or while) the writer makes its first log
     )
     done = threading.Event()
 
