@@ -29,15 +29,17 @@ def child_env() -> dict[str, str]:
 
 
 class Proc:
-    """A child process running one of the scripts in ``procs/``."""
+    """A child process running one of the scripts in ``procs/`` (or the script at the path
+    ``script``), its stdout discarded unless ``stdout`` says where it goes."""
 
-    def __init__(self, script: str, cfg: dict[str, Any], logdir: Path, name: str) -> None:
+    def __init__(self, script: str | Path, cfg: dict[str, Any], logdir: Path, name: str,
+                 stdout: Any = subprocess.DEVNULL) -> None:
         self.name = name
         self.stderr_path = logdir / f"{name}.stderr"
         self._stderr = open(self.stderr_path, "wb")
         self.p = subprocess.Popen(
             [sys.executable, str(PROCS / script), json.dumps(cfg)],
-            stdout=subprocess.DEVNULL,
+            stdout=stdout,
             stderr=self._stderr,
             env=child_env(),
             cwd=str(logdir),
