@@ -28,6 +28,7 @@ from workload import (
     Config,
     Scratch,
     chunks,
+    cpu_timed,
     dir_bytes,
     interleaved,
     latency_summary,
@@ -338,6 +339,72 @@ def rotation_latency(cfg: Config, s: Scratch) -> list[Figure]:
     ]
 
 
+# -- the enumeration's cost -----------------------------------------------------------------
+
+ENUM_CHUNK = 1000
+
+
+def _go_record(i: int) -> dict[str, Any]:
+    """The Go original's nested record, as a ResourceStore-style put."""
+    return {"op": "put", "key": i, "value": {"name": "n" * 32, "n": i}}
+
+
+def enumeration_cost(cfg: Config, s: Scratch) -> list[Figure]:
+    """CPU per record of a rotation's enumeration (``rotate()`` over live resources emitting
+    one record each: ``emit`` per record, and ``emit.many`` per chunk of 1,000) against
+    ``update_many(1000)`` of the same records, and ``ResourceStore.close(rotate=True)``'s
+    CPU per key; interleaved runs, the best of each."""
+    n = max(cfg.live_resources // 2, 10_000)
+    records = [_go_record(i) for i in range(n)]
+
+    def update_many_run() -> float:
+        lg = persistlog.open(s.fresh("enum-update-many"), no_enumeration, rotate_bytes=None)
+        try:
+            return cpu_timed(lambda: [lg.update_many(c) for c in chunks(records, ENUM_CHUNK)])
+        finally:
+            lg.close()
+
+    def rotate_run(many: bool) -> float:
+        def enumerate_all(emit: persistlog.Emit) -> None:
+            if many:
+                for c in chunks(records, ENUM_CHUNK):
+                    emit.many(c)
+            else:
+                for r in records:
+                    emit(r)
+
+        lg = persistlog.open(s.fresh("enum-rotate"), no_enumeration, rotate_bytes=None)
+        lg.close()
+        lg = persistlog.open(s.fresh("enum-rotate"), enumerate_all, rotate_bytes=None, discard_existing=True)
+        try:
+            return cpu_timed(lambda: lg.rotate(wait=True))
+        finally:
+            lg.close()
+
+    def store_close_run() -> float:
+        store = persistlog.ResourceStore.open(s.fresh("enum-store"), rotate_bytes=None)
+        store.update((r["key"], r["value"]) for r in records)
+        return cpu_timed(lambda: store.close(rotate=True))
+
+    log.info("enumeration: %d records, update_many(%d) vs rotate() with emit / emit.many, store close(rotate=True)", n, ENUM_CHUNK)
+    times = interleaved(
+        {"update_many": update_many_run, "emit": lambda: rotate_run(False), "emit_many": lambda: rotate_run(True),
+         "store_close": store_close_run},
+        repeats=3,
+    )
+    best = {k: min(v) for k, v in times.items()}
+    per_us = {k: v / n * 1e6 for k, v in best.items()}
+    raw = {"records": n, "cpu_seconds": times, "us_per_record": per_us}
+    rate = {k: n / v for k, v in best.items()}
+    return [
+        vs_baseline(f"rotation: emit.many, {n // 1000}k live (CPU)", AREA, rate["emit_many"], rate["update_many"],
+                    f"update_many({ENUM_CHUNK})", "rec/s", 1.0, raw),
+        info(f"  rotation: emit per record (CPU)", AREA, rate["emit"], "rec/s", rate["update_many"], f"update_many({ENUM_CHUNK})"),
+        at_most(f"ResourceStore.close(rotate=True), {n // 1000}k keys, CPU per key", AREA, best["store_close"] / n * 1e3,
+                0.001, "ms", raw=raw),
+    ]
+
+
 # -- restore memory ------------------------------------------------------------------------
 
 BIG_VALUE_BYTES = 4000
@@ -466,6 +533,7 @@ BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
     "fsync": group_commit,
     "restore": restore_speed,
     "rotation": rotation_latency,
+    "enumeration": enumeration_cost,
     "memory": restore_memory,
     "bytes": bytes_per_record,
 }

@@ -36,6 +36,7 @@ from ._log import Log
 from ._log_set import LogSet, LogSetOptions
 from ._reader import TornTail
 from ._restore import RestoreResult
+from ._rotation import Emit
 from ._secondaries import SecondaryLag
 from ._store import ResourceStore
 from ._version import package_version
@@ -51,6 +52,7 @@ __all__ = [
     "CorruptLogError",
     "Cursor",
     "DestinationError",
+    "Emit",
     "EnumerateError",
     "EnumerationStalled",
     "ExistingLogError",

@@ -160,7 +160,7 @@ def open(
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
     Opening calls ``enumerate_all(emit)``, which must call ``emit(record)`` once per live
-    resource, and returns once that first log is complete (if it raises, the log is closed
+    resource (or ``emit.many(records)`` for several at once: :class:`Emit`), and returns once that first log is complete (if it raises, the log is closed
     and :class:`EnumerateError` is raised). A second writer on the same destination gets
     :class:`WriterConflict`. Emitted records and ``metadata`` nest at most 256 levels deep,
     as ``update()``'s records do (``ValueError``).

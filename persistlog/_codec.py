@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import cbor2
@@ -450,3 +450,20 @@ def _keep_tag(tag: cbor2.CBORTag, immutable: bool) -> cbor2.CBORTag:
 def plain_loads(data: bytes) -> Any:
     """Decode control records and pointers: no tags are given meaning beyond cbor2's safe set."""
     return _decode(data, _keep_tag)
+
+
+def records_list(records: Iterable[Any], call: str, single: str) -> list[Any]:
+    """The records given to ``call`` (``update_many()``, ``emit.many()``) as a list;
+    ``single`` is the call that takes one record."""
+    if isinstance(records, (str, bytes, bytearray, memoryview, Mapping)):
+        # Each would iterate into characters, ints or keys: never what was meant.
+        raise TypeError(
+            f"{call} takes an iterable of records (a list...), not a {type(records).__name__}; "
+            f"for one record use {single}"
+        )
+    if isinstance(records, list):
+        return records
+    try:
+        return list(records)
+    except TypeError:
+        raise TypeError(f"{call} takes an iterable of records, not a {type(records).__name__}") from None

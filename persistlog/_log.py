@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from types import FrameType, TracebackType
 from typing import Any, Union
@@ -50,7 +50,7 @@ from destinations import Destination, LockHeld, WriterLock, destination_url, ope
 
 from . import _encoder, _exit
 from . import _format as F
-from ._codec import Codec, check_depth, encode_error
+from ._codec import Codec, check_depth, encode_error, records_list
 from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
 from ._restore import RestoreResult
@@ -72,6 +72,9 @@ _MAX_RECORD = F.MAX_RECORD_BYTES
 _MAX_DEPTH = F.MAX_RECORD_DEPTH
 # Record bytes one batch may hold, leaving room for a kind bitmap (at most 1/8 of them).
 _BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
+# Records ``emit.many()`` encodes in one call: big enough to spread a call's cost thin,
+# small enough that a chunk of wide records stays near one batch.
+_EMIT_CHUNK = 1024
 
 # Seconds a writer waits for a triggered rotation's switch to the new log; past it the
 # writer goes on (into the old log) rather than hang on a storage that stalls.
@@ -710,20 +713,9 @@ class Log:
         return lsn, end
 
     def _encode_many(self, records: Iterable[Any]) -> tuple[list[Any], memoryview]:
-        """The records of an ``update_many()`` as a list, and their encoded bytes one after
-        another; raises before anything is appended."""
-        if isinstance(records, (str, bytes, bytearray, memoryview, Mapping)):
-            # Each would iterate into characters, ints or keys: never what was meant.
-            raise TypeError(
-                f"update_many() takes an iterable of records (a list...), not a {type(records).__name__}; "
-                "for one record use update()"
-            )
-        try:
-            items = records if isinstance(records, list) else list(records)
-        except TypeError:
-            raise TypeError(
-                f"update_many() takes an iterable of records, not a {type(records).__name__}"
-            ) from None
+        """The records of an ``update_many()`` (or a chunk of ``emit.many()``'s) as a list,
+        and their encoded bytes one after another; raises before anything is appended."""
+        items = records_list(records, "update_many()", "update()")
         check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
@@ -740,7 +732,7 @@ class Log:
             )
         return items, body
 
-    def _stage_many(self, n: int, body: memoryview) -> tuple[int, int] | None:
+    def _stage_many(self, n: int, body: memoryview, snapshot: bool = False) -> tuple[int, int] | None:
         """Append ``n`` encoded records to the batch buffer, touching no storage: (the last
         LSN, buffered bytes), or None when they do not fit beside what is buffered."""
         with self._lock:
@@ -752,6 +744,9 @@ class Log:
             self._blocked = True
             self._fp.write(body)
             self._pos = end
+            if snapshot:
+                first = self._next_lsn - self._buf_first
+                self._snap.extend(range(first, first + n))
             self._next_lsn += n
             self._blocked = False
             if self._failed is not None or self._closed:
@@ -763,9 +758,30 @@ class Log:
 
     def _emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
-        lsn, end = self._buffer(record, True)
+        staged = self._stage(record, True)
+        lsn, end = self._append_encoded([staged], True) if type(staged) is bytes else staged
         if end >= self._batch_bytes:
             self._commit(lsn, durable=False)
+
+    def _emit_many(self, records: list[Any]) -> None:  # the list from records_list()
+        """Append snapshot records at ``update_many()``'s cost per record (from
+        ``emit.many``): encoded a chunk at a time, each chunk in one call; a record that
+        cannot be encoded raises before anything of its chunk is appended."""
+        for i in range(0, len(records), _EMIT_CHUNK):
+            chunk = records[i : i + _EMIT_CHUNK]
+            try:
+                _, body = self._encode_many(chunk)
+            except ValueError:
+                # Too deep, or more than one batch holds: one record at a time says which.
+                for record in chunk:
+                    self._emit(record)
+                continue
+            staged = self._stage_many(len(chunk), body, snapshot=True)
+            if staged is None:
+                staged = self._append_encoded([self._encode(item) for item in chunk], snapshot=True)
+            lsn, end = staged
+            if end >= self._batch_bytes:
+                self._commit(lsn, durable=False)
 
     # -- writing ------------------------------------------------------------------------
 

@@ -26,11 +26,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from . import _format as F
+from ._codec import records_list
 from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
 from ._retention import apply_retention
 from ._runtime import Runtime, weak_method
@@ -41,7 +42,59 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("persistlog")
 
-EnumerateAll = Callable[[Callable[[Any], None]], Any]
+
+
+class Emit:
+    """What ``enumerate_all`` is given: ``emit(record)`` writes one snapshot record,
+    ``emit.many(records)`` several (a list, or any iterable of records) at
+    ``update_many()``'s cost per record.
+
+    Each record is encoded before the call returns, so the app may change or reuse its
+    objects afterwards, and a record that cannot be logged raises (``TypeError``,
+    ``ValueError``) from the call that emits it. ``emit.many`` is one call where a
+    per-record ``emit`` is one per resource: an app that holds per-resource locks
+    (``concurrent_enumeration=True``) takes its lock once per chunk of resources and emits
+    them in one ``many`` call under it. Either is refused once ``enumerate_all`` returned.
+    Usable wherever a ``Callable[[Any], None]`` is expected.
+    """
+
+    __slots__ = ("_one", "_many", "_open", "count")
+
+    def __init__(self, one: Callable[[Any], None], many: Callable[[list[Any]], None]) -> None:
+        self._one = one
+        self._many = many
+        self._open = True
+        #: Records emitted so far.
+        self.count = 0
+
+    def __call__(self, record: Any) -> None:
+        """Write one snapshot record."""
+        if not self._open:
+            raise RuntimeError("emit() called after enumerate_all returned")
+        self._one(record)
+        self.count += 1
+        if not self.count & 0xFF:
+            # Give the GIL away now and then: an enumeration of millions of resources
+            # would otherwise hold it for whole switch intervals (5 ms) at a time and
+            # show up in the app's update() latency.
+            time.sleep(0)
+
+    def many(self, records: Iterable[Any]) -> None:
+        """Write several snapshot records, in their order; raises before writing any record
+        of a chunk (1,024 records) that holds one that cannot be logged."""
+        if not self._open:
+            raise RuntimeError("emit.many() called after enumerate_all returned")
+        items = records_list(records, "emit.many()", "emit()")
+        self._many(items)
+        self.count += len(items)
+        time.sleep(0)
+
+    def close(self) -> None:
+        """Refuse every later call (``enumerate_all`` returned)."""
+        self._open = False
+
+
+EnumerateAll = Callable[[Emit], Any]
 
 # A cut LSN no record reaches: the record-count cut is off.
 NEVER = 1 << 62
@@ -463,25 +516,11 @@ class Rotator:
         finally:
             self._switched()
         self._snapshot_bytes = 0
-        emitted = 0
-        active = True
-
-        def emit(record: Any) -> None:
-            nonlocal emitted
-            if not active:
-                raise RuntimeError("emit() called after enumerate_all returned")
-            lg._emit(record)
-            emitted += 1
-            if not emitted & 0xFF:
-                # Give the GIL away now and then: an enumeration of millions of resources
-                # would otherwise hold it for whole switch intervals (5 ms) at a time and
-                # show up in the app's update() latency.
-                time.sleep(0)
-
+        emit = Emit(lg._emit, lg._emit_many)
         try:
             self.enumerate_all(emit)
         except BaseException as e:
-            active = False
+            emit.close()
             self._let_go_of(fut)
             self.failures += 1
             self.last_error = e
@@ -494,7 +533,8 @@ class Rotator:
                 except Exception:
                     log.exception("on_error callback raised")
             raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
-        active = False
+        emit.close()
+        emitted = emit.count
         self._let_go_of(fut)  # held updates go on: the snapshot has read the state
         with lg._io_lock:
             lg._check()
