@@ -48,12 +48,16 @@ def fsync_tasks(url: str, tasks: int, seconds: float) -> dict[str, Any]:
                 lags.append(await lateness())
 
         syncs = alog.stats()["syncs"]
+        cpu = time.process_time()
+        loop_cpu = time.thread_time()  # asyncio.run() runs the loop on this thread
         began = time.perf_counter()
         work = [asyncio.create_task(writer(i)) for i in range(tasks)] + [asyncio.create_task(probe())]
         await asyncio.sleep(seconds)
         running = False
         await asyncio.gather(*work)
         elapsed = time.perf_counter() - began
+        cpu = time.process_time() - cpu
+        loop_cpu = time.thread_time() - loop_cpu
         syncs = alog.stats()["syncs"] - syncs
         await alog.close()
         total = sum(counts)
@@ -64,6 +68,9 @@ def fsync_tasks(url: str, tasks: int, seconds: float) -> dict[str, Any]:
             "rate": total / elapsed,
             "syncs": syncs,
             "records_per_sync": total / max(1, syncs),
+            # Every thread's CPU (the loop's and the commit thread's) per awaited record.
+            "cpu_us_per_record": cpu / max(1, total) * 1e6,
+            "loop_cpu_us_per_record": loop_cpu / max(1, total) * 1e6,
             "loop_lag": latency_summary(lags),
         }
 
@@ -103,6 +110,9 @@ def group_commit(cfg: Config, s: Scratch) -> list[Figure]:
             "1 task", "rec/s", 30.0, {"one_task": one, "tasks": many},
         ),
         info(f"  records per fsync, {TASKS} tasks", AREA, round(many["records_per_sync"], 2), "rec"),
+        at_most(f"  CPU per awaited record, {TASKS} tasks", AREA, many["cpu_us_per_record"] / 1e3, 0.004, "ms",
+                one["cpu_us_per_record"] / 1e3, "1 task"),
+        info(f"  the loop thread's share of it", AREA, many["loop_cpu_us_per_record"] / 1e3, "ms"),
         info(f"  {TASKS} tasks vs the sync Log's group commit", AREA, many["rate"], "rec/s", threads["rate"],
              f"{cfg.fsync_threads} threads", {"threads": threads}),
         at_most(f"  loop lag p99 during {TASKS} tasks", AREA, lag["p99_ms"], 10.0, "ms",

@@ -29,6 +29,7 @@ import logging
 import threading
 import time
 import weakref
+from collections import deque
 from typing import TYPE_CHECKING
 
 from ._errors import LogClosedError, LogFailedError, PersistLogError
@@ -63,7 +64,10 @@ class LoopCommit:
         weakref.finalize(lg, self._wake)
         self._loop = loop
         self._cv = threading.Condition(threading.Lock())
-        self._waiting: list[_Waiter] = []
+        # Registrations, taken by the thread with popleft(): a deque's append and popleft
+        # are atomic, so the loop registers a waiter without taking a lock (the usual case:
+        # the thread is busy writing); it takes _cv only to wake a thread that sleeps.
+        self._waiting: deque[_Waiter] = deque()
         self._idle = False  # the thread sleeps on _cv: a registration must wake it
         self._want = 0  # the thread gathers: wake it once this many tasks wait
         self._stopped = False
@@ -78,15 +82,25 @@ class LoopCommit:
         if (lg._durable_lsn if durable else lg._written_lsn) > lsn:
             return None
         fut: asyncio.Future[int] = self._loop.create_future()
-        with self._cv:
-            if not self._stopped:
-                self._waiting.append((lsn, durable, fut))
-                if self._idle or (self._want and len(self._waiting) >= self._want):
-                    self._cv.notify()
+        waiter = (lsn, durable, fut)
+        waiting = self._waiting
+        waiting.append(waiter)
+        if self._stopped:
+            # The thread may have ended before it saw this waiter: whoever removes it
+            # answers it (the thread, if it took it first).
+            try:
+                waiting.remove(waiter)
+            except ValueError:
                 return fut
-        # Closed while this task appended: close() wrote and sealed every record it had
-        # accepted, so this one is covered, unless the log failed first.
-        self._resolve([(lsn, durable, fut)], None)
+            # Closed while this task appended: close() wrote and sealed every record it had
+            # accepted, so this one is covered, unless the log failed first.
+            self._resolve([waiter], None)
+            return fut
+        if self._idle or (self._want and len(waiting) >= self._want):
+            # Read after the append: a thread that went to sleep before it has set _idle
+            # first and then looked at the deque, so one of the two sees the other.
+            with self._cv:
+                self._cv.notify()
         return fut
 
     def stop(self) -> None:
@@ -110,12 +124,14 @@ class LoopCommit:
                     if self._stopped:
                         return
                     self._idle = True
-                    cv.wait()
+                    if not self._waiting:  # a registration that did not see _idle set
+                        cv.wait()
                     self._idle = False
                 if expect > len(self._waiting) and last_sync >= _GATHER_FROM and not self._stopped:
                     self._gather(expect, min(last_sync / 2, _MAX_GATHER))
-                group = self._waiting
-                self._waiting = []
+            group = self._take()
+            if not group:
+                continue  # taken back by a request() that found the thread stopping
             started = time.monotonic()
             error: BaseException | None = None
             top = max(w[0] for w in group)
@@ -133,8 +149,7 @@ class LoopCommit:
                 group += self._covered(lg)
             del lg  # not held while idle
             last_sync = time.monotonic() - started
-            with cv:
-                expect = len(group) + len(self._waiting)
+            expect = len(group) + len(self._waiting)
             try:
                 self._loop.call_soon_threadsafe(self._resolve, group, error)
             except RuntimeError:  # the loop was closed: no task is left to tell
@@ -157,12 +172,24 @@ class LoopCommit:
         """Take the waiters registered since the group was taken whose records the write just
         done covered anyway (appended before it took the buffer): this write answers them,
         not the next."""
-        with self._cv:
-            durable, written = lg._durable_lsn, lg._written_lsn
-            covered = [w for w in self._waiting if (durable if w[1] else written) > w[0]]
-            if covered:
-                self._waiting = [w for w in self._waiting if (durable if w[1] else written) <= w[0]]
+        durable, written = lg._durable_lsn, lg._written_lsn
+        covered: list[_Waiter] = []
+        for w in self._take():
+            if (durable if w[1] else written) > w[0]:
+                covered.append(w)
+            else:
+                self._waiting.appendleft(w)  # the order of waiters does not matter
         return covered
+
+    def _take(self) -> list[_Waiter]:
+        """Every waiter registered so far (others may be registered meanwhile)."""
+        waiting = self._waiting
+        taken: list[_Waiter] = []
+        try:
+            while True:
+                taken.append(waiting.popleft())
+        except IndexError:
+            return taken
 
     def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
         """On the loop: tell every task of a group how its write went, a slice at a time."""
@@ -172,13 +199,14 @@ class LoopCommit:
             # The rest after the tasks this slice wakes: a timer or a connection due
             # meanwhile runs between two slices, not after the whole group.
             self._loop.call_soon(self._resolve, group, error, end)
+        # Whether each record is covered, not whether this write raised: a close() that
+        # sealed the records made them durable even if this sync found the log closed, and
+        # their tasks must not be told they failed.
+        durable_lsn, written_lsn = (lg._durable_lsn, lg._written_lsn) if lg is not None else (-1, -1)
         for lsn, durable, fut in group[start:end]:
             if fut.done():  # its task was cancelled; the record was written all the same
                 continue
-            # Whether the record is covered, not whether this write raised: a close() that
-            # sealed the records made them durable even if this sync found the log closed,
-            # and their tasks must not be told they failed.
-            if lg is not None and (lg._durable_lsn if durable else lg._written_lsn) > lsn:
+            if (durable_lsn if durable else written_lsn) > lsn:
                 fut.set_result(lsn)
             else:
                 fut.set_exception(_failure(lg, error))

@@ -387,6 +387,38 @@ def test_a_closed_log_raises_logclosederror(log_dir: str) -> None:
     run(main)
 
 
+@pytest.mark.parametrize("durability", ["flush", "fsync"])
+def test_close_while_many_tasks_wait_answers_every_task(tmp_path: Any, durability: str) -> None:
+    """Tasks register their waits without a lock; a close() racing them must still answer
+    each: its LSN (and the record is restored) or LogClosedError, and none waits for good."""
+    for round_ in range(5):
+        url = str(tmp_path / f"log{round_}")
+        acknowledged: dict[str, int] = {}
+
+        async def main() -> None:
+            alog = await persistlog.open_async(url, nothing, durability=durability)
+
+            async def writer(i: int) -> None:
+                n = 0
+                while True:
+                    try:
+                        await alog.update({"op": "put", "key": f"{i}.{n}", "value": n})
+                    except persistlog.LogClosedError:
+                        return
+                    acknowledged[f"{i}.{n}"] = n
+                    n += 1
+
+            tasks = [asyncio.create_task(writer(i)) for i in range(64)]
+            await asyncio.sleep(0.05 + 0.02 * round_)
+            await alog.close()
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+        run(main)
+        state, _ = restore_state(url)
+        assert acknowledged, "no update was acknowledged before close"
+        assert {k: state.get(k) for k in acknowledged} == acknowledged
+
+
 def test_a_failed_write_raises_logfailederror_in_every_waiting_task(clean_memory_fs: None) -> None:
     plan = FaultPlan()
     url, so = faulty(plan)
