@@ -237,6 +237,70 @@ def shape_speed(cfg: Config, s: Scratch) -> list[Figure]:
     return figures
 
 
+# -- the Go original's record ---------------------------------------------------------------
+
+#: rightscale/persist on its own benchmark record, 1 M records, measured outside this harness
+#: on this kind of machine (two alternating runs): ``Output`` (write) and replay, records/s.
+GO_WRITE = (0.44e6, 0.75e6)
+GO_REPLAY = (0.76e6, 0.98e6)
+#: update() is to beat the Go original's best write rate by this much in every run.
+GO_WRITE_MARGIN = 1.2
+
+
+def _go_record(i: int) -> dict[str, Any]:
+    return {"op": 0, "id": i % 50_000, "data": {"name": "n" * 32, "n": i}}
+
+
+def go_original(cfg: Config, s: Scratch) -> list[Figure]:
+    """``update()`` (buffered) and restore on the Go original's record, ``cfg.records``
+    records, wall time: the same measure as the Go figures printed beside them."""
+    n = cfg.records
+    records = [_go_record(i) for i in range(n)]
+    url = s.path("go-record-log")
+
+    def write() -> float:
+        lg = persistlog.open(s.fresh("go-record-log"), no_enumeration, rotate_bytes=None)
+        try:
+            update = lg.update
+
+            def body() -> None:
+                for r in records:
+                    update(r)
+                lg.sync()
+
+            return timed(body)
+        finally:
+            lg.close()
+
+    def replay() -> float:
+        _fresh_gc()
+        state: State = {}
+
+        def apply(rs: list[Any]) -> None:
+            for r in rs:
+                state[r["id"]] = r["data"]
+
+        seconds = timed(lambda: persistlog.restore(url, replay_batch=apply))
+        if len(state) != min(n, 50_000):
+            raise RuntimeError(f"restore rebuilt {len(state)} ids, expected {min(n, 50_000)}")
+        return seconds
+
+    log.info("Go original's record: %d records, update() then restore, %d rounds", n, cfg.repeats)
+    times = interleaved({"update": write, "restore": replay}, cfg.repeats)
+    worst = {name: n / max(t) for name, t in times.items()}
+    best = {name: n / min(t) for name, t in times.items()}
+    raw = {"records": n, "seconds": times, "go_write": GO_WRITE, "go_replay": GO_REPLAY}
+    go_w = f"Go Output {GO_WRITE[0] / 1e6:.2f}-{GO_WRITE[1] / 1e6:.2f} M/s"
+    go_r = f"Go replay {GO_REPLAY[0] / 1e6:.2f}-{GO_REPLAY[1] / 1e6:.2f} M/s"
+    return [
+        _row(at_least(f"Go record: update() buffered, slowest of {cfg.repeats} (vs {go_w})", AREA, worst["update"],
+                      GO_WRITE_MARGIN * GO_WRITE[1], "rec/s", raw), times, "update"),
+        info("  Go record: update() buffered, fastest run", AREA, best["update"], "rec/s", GO_WRITE[1], go_w),
+        _row(at_least(f"Go record: restore replay_batch=, slowest (vs {go_r})", AREA, worst["restore"],
+                      GO_REPLAY[1], "rec/s"), times, "restore"),
+    ]
+
+
 # -- a large live heap ---------------------------------------------------------------------
 
 
@@ -358,6 +422,7 @@ def spark_reader(cfg: Config, s: Scratch) -> list[Figure]:
 
 BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
     "shapes": shape_speed,
+    "go": go_original,
     "heap": live_heap,
     "restart": restart_time,
     "spark": spark_reader,
