@@ -18,6 +18,7 @@ from . import _encoder
 from . import _format as F
 from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
+from ._handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._log import Log, LogSettings, destination_at, release_writer_lock
 from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
@@ -56,6 +57,9 @@ class StoreOptions(TypedDict, total=False):
     recovery: str
     discard_existing: bool
     secondary_close_wait: float | None
+    handover: bool
+    handover_timeout: float
+    on_handover: Callable[[], Any] | None
 
 
 class OpenOptions(StoreOptions, total=False):
@@ -156,6 +160,9 @@ def open(
     discard_existing: bool = False,
     concurrent_enumeration: bool = False,
     secondary_close_wait: float | None = None,
+    handover: bool = False,
+    handover_timeout: float = HANDOVER_TIMEOUT,
+    on_handover: Callable[[], Any] | None = None,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -212,6 +219,20 @@ def open(
     a persistlog worker thread and updates keep flowing beside the enumeration. (Without it such
     an app would wait for an enumeration that waits for the app's lock: after 10 s of
     that, the held call raises :class:`EnumerationStalled`, having logged nothing.)
+
+    Handing over (a rolling deploy): with ``handover=True``, a log whose writer lock or
+    lease another live process holds is asked of it (a ``HANDOVER`` request beside the
+    lock), and ``open`` waits up to ``handover_timeout`` seconds for that writer to let go
+    (else :class:`WriterConflict`); and this Log hands itself over when another process
+    asks so: it calls ``on_handover()`` (on a persistlog thread; the app stops taking
+    requests there), then closes (writes what is pending, seals) and lets go. With
+    ``concurrent_enumeration=True`` (``ResourceStore``) it closes with ``rotate=True``,
+    leaving a fresh snapshot, so that the new writer's ``open(..., replay=)`` restores one
+    snapshot and needs no enumeration; in the default mode the new writer enumerates (the
+    old one's enumeration would run on a persistlog thread, which is no quiet point).
+    Its calls raise :class:`HandedOver` from then on, once the log is sealed: every update
+    it acknowledged before is in the log the new writer restores, so the process may end
+    as soon as it is told. A writer opened without ``handover=True`` ignores requests.
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -255,8 +276,14 @@ def open(
         or secondary_close_wait < 0
     ):
         raise ValueError(f"secondary_close_wait must be a number of seconds >= 0 or None, not {secondary_close_wait!r}")
+    if not isinstance(handover, bool):
+        raise TypeError(f"handover must be True or False, not {handover!r}")
+    if not isinstance(handover_timeout, (int, float)) or isinstance(handover_timeout, bool) or handover_timeout <= 0:
+        raise ValueError(f"handover_timeout must be a positive number of seconds, not {handover_timeout!r}")
+    if on_handover is not None and not callable(on_handover):
+        raise TypeError(f"on_handover must be a callable taking no arguments, not {on_handover!r}")
     writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-    writer_lock = _take_writer_lock(dest, writer_id, lease_ttl)
+    writer_lock = _take_writer_lock(dest, writer_id, lease_ttl, float(handover_timeout) if handover else None)
     restored = None
     try:
         if not dest.appendable:
@@ -324,6 +351,8 @@ def open(
         after_snapshot=after_snapshot,
         concurrent_enumeration=concurrent_enumeration,
         secondary_close_wait=None if secondary_close_wait is None else float(secondary_close_wait),
+        handover=handover,
+        on_handover=on_handover,
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
@@ -348,12 +377,20 @@ def _fresh_snapshot(
     return header is not None and header.get("metadata") == metadata
 
 
-def _take_writer_lock(dest: Destination, writer_id: str, ttl: float) -> WriterLock:
+def _take_writer_lock(dest: Destination, writer_id: str, ttl: float, handover_timeout: float | None) -> WriterLock:
+    """The destination's writer lock; a held one is asked for (``handover_timeout``
+    seconds at most) when the caller opens with ``handover=True``."""
     try:
         dest.ensure()
-        return dest.lock(writer_id, ttl)
-    except LockHeld as e:
-        raise WriterConflict(f"{e}; a destination has one writer at a time") from e
+        try:
+            return dest.lock(writer_id, ttl)
+        except LockHeld as e:
+            if handover_timeout is None:
+                raise WriterConflict(
+                    f"{e}; a destination has one writer at a time (open with handover=True to ask "
+                    "a live writer that opened with it to hand the log over)"
+                ) from e
+            return ask_for_handover(dest, writer_id, ttl, handover_timeout, e)
     except OSError as e:
         raise DestinationError(f"cannot open {dest.url} for writing: {e}") from e
 

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ._api import OpenOptions, open, restore
+from ._errors import HandedOver
 from ._log import Log
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
@@ -79,20 +80,24 @@ class AsyncLog:
         if sync is not None and sync is not True and sync is not False:
             _check_sync(sync)
         lg = self._log
-        if lg._rotator.gated:
-            await self._pass_gate()
-        staged = lg._stage(record, False)
-        if type(staged) is bytes:
-            # Too big for the buffer as it stands: the slow path may write a batch first.
-            lsn, end = await self._offload(lg._append_encoded, [staged], False)
-        else:
-            lsn, end = staged
-        if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
-            # _written(), inlined: one coroutine less per awaited record (the hot path).
-            fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
-            if fut is not None:
-                await fut
-        return lsn
+        try:
+            if lg._rotator.gated:
+                await self._pass_gate()
+            staged = lg._stage(record, False)
+            if type(staged) is bytes:
+                # Too big for the buffer as it stands: the slow path may write a batch first.
+                lsn, end = await self._offload(lg._append_encoded, [staged], False)
+            else:
+                lsn, end = staged
+            if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
+                # _written(), inlined: one coroutine less per awaited record (the hot path).
+                fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
+                if fut is not None:
+                    await fut
+            return lsn
+        except HandedOver:
+            await self._offload(lg._wait_until_let_go)  # the Log's own rule, off the loop
+            raise
 
     async def update_many(self, records: Iterable[Any], sync: bool | None = None) -> int | None:
         """Append several records as one batch: a crash keeps all of them or none.
@@ -109,17 +114,21 @@ class AsyncLog:
             return None
         if lg._rotator.gated:
             await self._pass_gate()
-        staged = lg._stage_many(len(items), body)
-        if staged is None:
-            # Does not fit beside what is buffered: what is buffered is written first.
-            lsn, end = await self._offload(
-                lambda: lg._append_encoded([lg._encode(item) for item in items], snapshot=False, whole=True)
-            )
-        else:
-            lsn, end = staged
-        if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
-            await self._written(lsn, bool(sync) or lg._sync_each)
-        return lsn
+        try:
+            staged = lg._stage_many(len(items), body)
+            if staged is None:
+                # Does not fit beside what is buffered: what is buffered is written first.
+                lsn, end = await self._offload(
+                    lambda: lg._append_encoded([lg._encode(item) for item in items], snapshot=False, whole=True)
+                )
+            else:
+                lsn, end = staged
+            if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
+                await self._written(lsn, bool(sync) or lg._sync_each)
+            return lsn
+        except HandedOver:
+            await self._offload(lg._wait_until_let_go)  # the Log's own rule, off the loop
+            raise
 
     async def sync(self) -> None:
         """Make every record appended so far durable (fsync locally, PUT remotely)."""

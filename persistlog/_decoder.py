@@ -9,6 +9,7 @@ interrupted write.
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -412,3 +413,21 @@ class RecordKinds(Sequence[str]):
     def __repr__(self) -> str:
         return f"RecordKinds({list(self)!r})"
 
+
+def parse_handover_request(raw: bytes) -> tuple[str, str, float, float] | None:
+    """(asker, the writer asked, asked, deadline) of a HANDOVER request; None if ``raw`` is
+    not one (foreign, truncated, more than ``F.HANDOVER_MAX_BYTES``)."""
+    if len(raw) > F.HANDOVER_MAX_BYTES:
+        return None
+    try:
+        info = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    by, to, asked, deadline = info.get("owner"), info.get("to"), info.get("asked"), info.get("deadline")
+    if not isinstance(by, str) or not isinstance(to, str) or isinstance(asked, bool) or isinstance(deadline, bool):
+        return None
+    if not isinstance(asked, (int, float)) or not isinstance(deadline, (int, float)):
+        return None
+    return by, to, float(asked), float(deadline)

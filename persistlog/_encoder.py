@@ -3,6 +3,7 @@ the CURRENT pointer. Pure functions, no I/O; ``docs/FORMAT.md`` is the specifica
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -94,3 +95,10 @@ def closed_note(seq: int, next_lsn: int) -> bytes:
     """CLOSED: a clean close sealed log ``seq``, which ends before ``next_lsn``."""
     head = F.CLOSED.pack(F.CLOSED_MAGIC, F.FORMAT_VERSION, 0, seq, next_lsn)
     return head + F.U32.pack(_crc32(head))
+
+
+def handover_request(by: str, host: str, pid: int, to: str, asked: float, deadline: float) -> bytes:
+    """HANDOVER: writer ``by`` (process ``pid`` on ``host``) asks the live writer ``to`` to
+    hand the log over, and waits until ``deadline`` (Unix seconds) for it. One line of JSON."""
+    record = {"owner": by, "host": host, "pid": pid, "to": to, "asked": asked, "deadline": deadline}
+    return json.dumps(record).encode() + b"\n"

@@ -80,6 +80,16 @@ class LogClosedError(PersistLogError, RuntimeError):
     """The Log was closed."""
 
 
+class HandedOver(LogClosedError):
+    """The Log was handed over to another process that opened it with ``handover=True``:
+    everything acknowledged before is in the log the new writer restored; this call's
+    record was not logged. ``to`` names the new writer."""
+
+    def __init__(self, message: str, to: str = "") -> None:
+        super().__init__(message)
+        self.to = to
+
+
 class EnumerateError(PersistLogError):
     """``enumerate_all`` raised during a rotation; the app's exception is ``__cause__``.
 

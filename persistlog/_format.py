@@ -93,6 +93,9 @@ FIRST_SEQ = 1
 # Names at a destination.
 CURRENT_NAME = "CURRENT"
 CLOSED_NAME = "CLOSED"
+# A new writer's request that the live writer hand the log over (one line of JSON).
+HANDOVER_NAME = "HANDOVER"
+HANDOVER_MAX_BYTES = 4096
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{10})\.plog$")
 SEQ_DIGITS = 20
 SEGMENT_DIGITS = 10

@@ -51,8 +51,9 @@ from destinations import Destination, LockHeld, WriterLock, destination_url, ope
 from . import _encoder, _exit
 from . import _format as F
 from ._codec import Codec, check_depth, encode_error, records_list
-from ._errors import DestinationError, LogClosedError, LogFailedError, PersistLogError, WriterConflict
+from ._errors import DestinationError, HandedOver, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
+from ._handover import HandoverRequest, HandoverWatch
 from ._restore import RestoreResult
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._runtime import runtime, weak_method
@@ -79,6 +80,8 @@ _EMIT_CHUNK = 1024
 # Seconds a writer waits for a triggered rotation's switch to the new log; past it the
 # writer goes on (into the old log) rather than hang on a storage that stalls.
 SWITCH_WAIT = 30.0
+# Seconds a call told that the log was handed over waits for the close under way to seal it.
+HANDOVER_SEAL_WAIT = 60.0
 
 #: A secondary destination as ``open(secondaries=...)`` takes it: a URL, or a
 #: ``(url, storage_options)`` pair.
@@ -187,6 +190,8 @@ class Log:
         after_snapshot: bool = False,
         concurrent_enumeration: bool = False,
         secondary_close_wait: float | None = None,
+        handover: bool = False,
+        on_handover: Callable[[], Any] | None = None,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
@@ -195,8 +200,9 @@ class Log:
         complete ones among them. With ``after_snapshot`` (log ``last_seq`` holds a fresh
         snapshot and nothing after it, just replayed) the first log starts after it
         without an enumeration. ``close()`` waits up to ``secondary_close_wait`` seconds
-        (default: ``lease_ttl`` plus :data:`ATTACH_WAIT`) for a secondary to answer. On
-        failure everything is let go (the lock too) and the error is raised.
+        (default: ``lease_ttl`` plus :data:`ATTACH_WAIT`) for a secondary to answer. With
+        ``handover`` the Log hands itself over when another process asks (``on_handover``
+        called first). On failure everything is let go (the lock too) and the error is raised.
         """
         self.dest = dest
         self.settings = settings
@@ -277,6 +283,11 @@ class Log:
         self._flush_at = 0.0
         self._renew_every: float | None = None  # an object store's lease: renewed every this
         self._renew_at = 0.0
+        # Requests to hand the log over, looked for by the background job (handover=True).
+        self._handover = HandoverWatch(dest, writer_id, self._answer_handover) if handover else None
+        self._on_handover = on_handover
+        self._handed_to: str | None = None  # the writer this Log was handed over to
+        self._gone = threading.Event()  # set once closing let the writers and the lock go
         # Closing, and the rotation signal.
         self._old_handler: Any = None
         self._signal: int | None = None
@@ -345,36 +356,40 @@ class Log:
         # One identity test for the usual sync=False (a truthy "yes" must not pass).
         if sync is not False and sync is not True:
             raise _not_bool(sync)
-        if self._rotator.gated:
-            self._rotator.pass_gate()  # a rotation starts here, or holds this call
-        # _buffer(record, False), inlined: the extra call costs update() about a sixth of
-        # its speed (bench: update() against the naive loop), and this is the hot path.
-        with self._lock:
-            if self._blocked:
-                self._unblock()
-            pos = self._pos
-            try:
-                end = self._enc_encode(record)
-            except BaseException as e:
-                self._blocked = True  # what was encoded of it is cut before the next append
-                if isinstance(e, Exception):
-                    raise encode_error(e) from None
-                raise
-            if end <= _MAX_RECORD:
-                self._pos = end
-                lsn = self._next_lsn
-                self._next_lsn = lsn + 1
-                data = None
-            else:
-                self._blocked = True
-                data = self._take_back(pos, end)
-        if data is not None:
-            lsn, end = self._append_encoded([data], snapshot=False)
-        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
-            self._commit(lsn, durable=sync or self._sync_each)
-        elif not self._flush_armed:
-            self._arm_flush()  # flushed one interval from now
-        return lsn
+        try:
+            if self._rotator.gated:
+                self._rotator.pass_gate()  # a rotation starts here, or holds this call
+            # _buffer(record, False), inlined: the extra call costs update() about a sixth of
+            # its speed (bench: update() against the naive loop), and this is the hot path.
+            with self._lock:
+                if self._blocked:
+                    self._unblock()
+                pos = self._pos
+                try:
+                    end = self._enc_encode(record)
+                except BaseException as e:
+                    self._blocked = True  # what was encoded of it is cut before the next append
+                    if isinstance(e, Exception):
+                        raise encode_error(e) from None
+                    raise
+                if end <= _MAX_RECORD:
+                    self._pos = end
+                    lsn = self._next_lsn
+                    self._next_lsn = lsn + 1
+                    data = None
+                else:
+                    self._blocked = True
+                    data = self._take_back(pos, end)
+            if data is not None:
+                lsn, end = self._append_encoded([data], snapshot=False)
+            if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+                self._commit(lsn, durable=sync or self._sync_each)
+            elif not self._flush_armed:
+                self._arm_flush()  # flushed one interval from now
+            return lsn
+        except HandedOver:
+            self._wait_until_let_go()  # told only once the new writer can have it all
+            raise
 
     def update_many(self, records: Iterable[Any], sync: bool = False) -> int | None:
         """Append several records as one unit; returns the LSN of the last (``None`` for no
@@ -389,22 +404,26 @@ class Log:
         """
         if sync is not False and sync is not True:
             raise _not_bool(sync)
-        items, body = self._encode_many(records)
-        if not items:
-            return None
-        if self._rotator.gated:
-            self._rotator.pass_gate()
-        staged = self._stage_many(len(items), body)
-        if staged is None:
-            # Too big for the buffer as it stands: check each record's size, and write what
-            # is buffered first if the call does not fit beside it.
-            staged = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
-        lsn, end = staged
-        if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
-            self._commit(lsn, durable=sync or self._sync_each)
-        else:
-            self._arm_flush()
-        return lsn
+        try:
+            items, body = self._encode_many(records)
+            if not items:
+                return None
+            if self._rotator.gated:
+                self._rotator.pass_gate()
+            staged = self._stage_many(len(items), body)
+            if staged is None:
+                # Too big for the buffer as it stands: check each record's size, and write what
+                # is buffered first if the call does not fit beside it.
+                staged = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
+            lsn, end = staged
+            if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+                self._commit(lsn, durable=sync or self._sync_each)
+            else:
+                self._arm_flush()
+            return lsn
+        except HandedOver:
+            self._wait_until_let_go()  # told only once the new writer can have it all
+            raise
 
     def sync(self) -> None:
         """Make every record appended so far durable (fsync locally, PUT remotely).
@@ -499,6 +518,12 @@ class Log:
         """The error that failed the Log (a storage error, a lost lease), after which it
         refuses writes; None while it is healthy."""
         return self._failed
+
+    @property
+    def handed_over(self) -> str | None:
+        """The writer this Log was handed over to (both opened with ``handover=True``), or
+        None: once set, the Log is closed and its calls raise :class:`HandedOver`."""
+        return self._handed_to if self._closed else None
 
     @property
     def closed(self) -> bool:
@@ -609,6 +634,12 @@ class Log:
         if self._failed is not None:
             raise LogFailedError(f"the log at {self.dest.url} failed earlier: {self._failed}") from self._failed
         if self._closed:
+            if self._handed_to is not None:
+                raise HandedOver(
+                    f"the log at {self.dest.url} was handed over to {self._handed_to}; every update acknowledged "
+                    "before is in the log it restored",
+                    self._handed_to,
+                )
             raise LogClosedError(f"the log at {self.dest.url} is closed")
 
     def _unblock(self) -> None:
@@ -1136,6 +1167,11 @@ class Log:
                 raise
             self._let_everything_go()
 
+    def _wait_until_let_go(self) -> None:
+        """Wait (bounded) until closing has sealed the log and let the lock go: a call told
+        that the log was handed over may end the process at once."""
+        self._gone.wait(HANDOVER_SEAL_WAIT)
+
     def _let_everything_go(self) -> None:
         self._let_go = True
         for secondary in self._secondaries:
@@ -1146,6 +1182,7 @@ class Log:
             except OSError:
                 pass
         self._release()
+        self._gone.set()
 
     def _closed_for_good(self) -> None:
         self._close_done = True
@@ -1209,6 +1246,8 @@ class Log:
                 self._signalled = False
                 self._rotator.trigger()
             self._rotator.check_interval()
+            if self._handover is not None and now >= self._handover.due - 1e-3:
+                self._handover.look()
         except PersistLogError as e:
             log.debug("background flush stopped: %s", e)
             return None
@@ -1220,10 +1259,36 @@ class Log:
         """When the background job is next due: the armed flush, the lease renewal, the
         interval trigger's next check, whichever comes first."""
         when = self._rotator.next_interval_check()
-        for due, at in ((self._flush_armed, self._flush_at), (self._renew_every is not None, self._renew_at)):
+        handover = self._handover
+        for due, at in (
+            (self._flush_armed, self._flush_at),
+            (self._renew_every is not None, self._renew_at),
+            (handover is not None, handover.due if handover is not None else 0.0),
+        ):
             if due and (when is None or at < when):
                 when = at
         return when
+
+    def _answer_handover(self, request: HandoverRequest) -> None:
+        """Hand the log over to the writer that asked (on a thread of its own): the app's
+        ``on_handover``, then a close, which lets the lock go. With concurrent enumeration
+        the close writes a fresh snapshot first (the app's locks make an enumeration from
+        this thread safe); in the default mode it does not: this thread is no quiet point,
+        since an app thread may be between logging a change and applying it."""
+        log.info("handing the log at %s over to %s", self.dest.url, request.by)
+        self._handed_to = request.by
+        if self._on_handover is not None:
+            try:
+                self._on_handover()
+            except Exception:
+                log.exception("on_handover raised; handing the log over all the same")
+        try:
+            self.close(rotate=self._rotator.concurrent)
+        except PersistLogError as e:
+            # Closed all the same (a failed enumeration keeps the last complete log).
+            log.warning("handing the log at %s over: %s", self.dest.url, e)
+        except Exception:
+            log.exception("handing the log at %s over failed", self.dest.url)
 
     def _arm_flush(self) -> None:
         """Flush what is pending one flush interval from now, unless a flush is armed

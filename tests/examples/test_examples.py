@@ -291,3 +291,18 @@ def test_live_table_holds_every_record_once_across_a_restart(tmp_path: Path, run
     assert "starting it again from" in proc.stdout
     assert "every record exactly once: yes" in proc.stdout
     assert "the table's state matches the store: yes" in proc.stdout
+
+
+# -- rolling_deploy.py ------------------------------------------------------------------------
+
+
+def test_rolling_deploy_hands_over_between_generations_losing_nothing(tmp_path: Path, run_example: Any) -> None:
+    proc = run_example("rolling_deploy.py", str(tmp_path / "counters"), "--generations", "3", "--seconds", "0.7",
+                       timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(re.findall(r"generation \d: ready \d+ ms after asking", proc.stdout)) == 3, proc.stdout
+    m = re.search(r"(\d+) acknowledged increments over 3 generations; lost 0, counted twice 0", proc.stdout)
+    assert m and int(m.group(1)) > 0, proc.stdout
+    counters: dict[str, int] = {}
+    persistlog.restore(str(tmp_path / "counters"), replay=lambda r: counters.__setitem__(r["key"], r["value"]))
+    assert sum(counters.values()) == int(m.group(1))

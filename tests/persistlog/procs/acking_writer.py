@@ -16,6 +16,8 @@ threads never interleave):
     W message            open() raised WriterConflict (the process then exits 0)
     A t j lsn            thread t's update j returned: acknowledged
     F t message          thread t's update raised (the process then exits 3)
+    H                    on_handover was called (with ``handover_sleep``: it then sleeps
+                         that many seconds before the log is handed over)
     D                    closed cleanly
 """
 
@@ -46,13 +48,21 @@ def main() -> None:
         for key, value in list(state.items()):
             emit({"op": "put", "key": key, "value": value})
 
+    options = dict(cfg.get("open", {}))
+    if "handover_sleep" in cfg:
+        def on_handover() -> None:
+            out("H")
+            time.sleep(cfg["handover_sleep"])
+
+        options["on_handover"] = on_handover
+
     deadline = time.monotonic() + cfg.get("open_retry", 0)
     while True:
         state.clear()
         try:
             lg = persistlog.open(
                 cfg["url"], enumerate_all, replay=apply, storage_options=cfg.get("storage_options"),
-                **cfg.get("open", {}),
+                **options,
             )
             break
         except persistlog.WriterConflict as e:
