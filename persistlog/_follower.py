@@ -15,13 +15,12 @@ dropped as restore would drop it. Followers never write to the destination.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +28,7 @@ from destinations import Destination, open_destination
 
 from . import _format as F
 from ._codec import Codec
+from ._cursor import Cursor
 from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
 from ._reader import (
@@ -50,46 +50,6 @@ log = logging.getLogger("persistlog")
 # billed: poll object stores less often (their writers PUT about once a second anyway).
 LOCAL_POLL_INTERVAL = 0.01
 REMOTE_POLL_INTERVAL = 0.25
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """Where a follower stands: the next byte to read and the LSN it will carry.
-
-    ``str(cursor)`` / :meth:`Cursor.parse` and :meth:`to_dict` / :meth:`from_dict` give a
-    small serialisable form the app can persist next to its replica state.
-    """
-
-    log: int
-    segment: int
-    offset: int
-    next_lsn: int
-
-    def __str__(self) -> str:
-        return f"{self.log}:{self.segment}:{self.offset}:{self.next_lsn}"
-
-    @classmethod
-    def parse(cls, value: str) -> Cursor:
-        try:
-            parts = [int(p) for p in value.split(":")]
-            if len(parts) != 4 or min(parts) < 0:
-                raise ValueError
-        except (ValueError, AttributeError):
-            raise ValueError(f"not a persistlog cursor: {value!r} (expected 'log:segment:offset:next_lsn')") from None
-        return cls(*parts)
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> Cursor:
-        try:
-            return cls(int(value["log"]), int(value["segment"]), int(value["offset"]), int(value["next_lsn"]))
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"not a persistlog cursor: {value!r}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -664,6 +624,12 @@ def follow(
     like a healthy, caught-up replica; ``wait_for_log=True`` waits for a writer to make one.
     ``poll_interval`` defaults to 10 ms for local directories and 250 ms for object stores,
     where every poll is one LIST request.
+
+    ``cursor`` may come from a follower or a record (:attr:`FollowedBatch.cursor`,
+    :attr:`LoggedRecord.cursor`), or from a position: :meth:`Cursor.earliest` (the oldest
+    record retained), :meth:`Cursor.at_lsn`, :meth:`Cursor.at_time`. A follower started
+    at a position replays the log's history from there (snapshot records of later
+    rotations included, in LSN order), not a restore.
     """
     if replay is not None and replay_batch is not None:
         raise TypeError("follow() takes replay= or replay_batch=, not both")
@@ -687,4 +653,4 @@ def follow(
     )
 
 
-__all__ = ["Cursor", "FollowedBatch", "Follower", "Lag", "follow"]
+__all__ = ["FollowedBatch", "Follower", "Lag", "follow"]

@@ -28,7 +28,8 @@ from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
 from persistlog._errors import CorruptLogError, PersistLogError, ResetRequired
-from persistlog._follower import Cursor, first_lsn, gap_closed, next_segments
+from persistlog._cursor import Cursor
+from persistlog._follower import first_lsn, gap_closed, next_segments
 from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer, retention_gap
 from persistlog._restore import plan as restore_plan
 
