@@ -291,3 +291,29 @@ def test_live_table_holds_every_record_once_across_a_restart(tmp_path: Path, run
     assert "starting it again from" in proc.stdout
     assert "every record exactly once: yes" in proc.stdout
     assert "the table's state matches the store: yes" in proc.stdout
+
+
+# -- history.py -----------------------------------------------------------------------------
+
+
+def test_history_shows_a_range_and_the_state_at_an_lsn(tmp_path: Path, run_example: Any) -> None:
+    url = str(tmp_path / "accounts")
+    _write(url, 0, 120)
+    cut: dict[Any, Any] = {}
+
+    def apply(r: dict[str, Any]) -> None:
+        if r["op"] == "put":
+            cut[r["key"]] = r["value"]
+        else:
+            cut.pop(r["key"], None)
+
+    persistlog.restore(url, apply, to_lsn=60)
+    proc = run_example("history.py", url, "--from-lsn", "40", "--to-lsn", "60")
+    assert proc.returncode == 0, proc.stderr
+    shown = [int(line.split()[0]) for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
+    assert shown == list(range(40, 61))
+    assert f"state as of LSN 60 (from log(s) [1]): {len(cut)} resources" in proc.stdout
+    too_far = run_example("history.py", url, "--from-lsn", "5000")
+    assert too_far.returncode == 2 and "past the end" in too_far.stderr
+    demo = run_example("history.py", "--updates", "120")
+    assert demo.returncode == 0 and "state as of LSN" in demo.stdout, demo.stderr
