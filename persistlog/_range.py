@@ -20,7 +20,7 @@ from destinations import Destination, open_destination
 from ._codec import Codec
 from ._cursor import Cursor
 from ._decoder import Damage
-from ._errors import CodecError, CorruptLogError, LogNotFoundError
+from ._errors import CodecError, CorruptLogError
 from ._format import segment_name
 from ._reader import LogScanner, declares_gap
 from ._resume import records_to_skip
@@ -72,6 +72,8 @@ def _start_place(dest: Destination, start: Position) -> tuple[LogView, Place]:
     if not isinstance(start, Cursor):
         return seek(dest, start)
     view = LogView(dest)
+    if not any(number == start.segment for number, _name in view.logs.get(start.log, [])):
+        raise view.not_held(f"cursor {start} names log {start.log} segment {start.segment}, which is not there")
     try:
         skip = records_to_skip(dest, start.log, start.segment, start.offset, start.next_lsn)
     except FileNotFoundError:
@@ -135,8 +137,6 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
           codec: Codec) -> Iterator[LoggedRecord]:
     loads = codec.loads
     logs = view.logs
-    if place.log not in logs:
-        raise LogNotFoundError(f"log {place.log} is not at {dest.url}")
     seqs = [s for s in view.seqs if s >= place.log]
     expect: int | None = None
     for i, seq in enumerate(seqs):

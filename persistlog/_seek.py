@@ -227,7 +227,9 @@ class LogView:
         for offset, header in self.batches(seq, number, name, walked):
             if header.first_lsn <= n < header.first_lsn + header.lsn_count:
                 return Place(seq, number, offset, n, header.first_lsn)
-        if self.is_last(seq, j) and not walked.damaged:
+        if self.is_last(seq, j):
+            # (An end that does not parse there is a write in progress or a torn tail,
+            # which a read from before it judges.)
             if n == walked.next_lsn:
                 return Place(seq, number, walked.end, n, n, True)
             raise self.not_held(f"LSN {n} is past the end (the next record takes LSN {walked.next_lsn})")

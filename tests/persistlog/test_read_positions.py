@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import persistlog
 from persistlog import Cursor, PositionError
 from hypothesis_profiles import active_profile
+from log_files import crash, segment_files
 
 
 @dataclass
@@ -233,3 +234,27 @@ def test_restore_to_a_time_is_the_state_of_every_batch_committed_by_then(retaine
     persistlog.restore(retained.url, lambda r: None, to_lsn=full[-1].lsn - 1)
     with pytest.raises(persistlog.ExistingLogError):
         persistlog.open(retained.url, lambda emit: None)
+
+
+def test_a_cursor_into_a_deleted_log_is_a_position_error(retained: Written) -> None:
+    with pytest.raises(PositionError, match="which is not there") as e:
+        next(persistlog.read(retained.url, Cursor(1, 0, 0, 1)))
+    assert e.value.first_lsn > 1
+
+
+def test_a_torn_tail_is_the_end_not_damage(tmp_path: Path) -> None:
+    """A crash left the newest segment ending in zeros: the end is where the intact
+    batches end, and positions past it are past the end (docs/FORMAT.md, "Torn tails
+    and corruption")."""
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, durability="flush")
+    for i in range(20):
+        lg.update({"k": "a", "v": i})
+    crash(lg)
+    newest = segment_files(url)[-1]
+    with open(newest, "ab") as f:
+        f.write(b"\0" * 100)
+    last = list(persistlog.read(url))[-1].lsn
+    assert last == 20 and Cursor.at_lsn(url, 21).next_lsn == 21
+    with pytest.raises(PositionError, match="past the end"):
+        Cursor.at_lsn(url, 22)
