@@ -163,17 +163,13 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
             if last < place.lsn:
                 continue
             try:
-                slices = batch.record_slices(loads)
-                kinds = slices.kinds()
-                for first, records in slices:
-                    for j, record in enumerate(records, first):
-                        lsn = header.first_lsn + j
-                        if lsn < place.lsn:
-                            continue
-                        if stop_lsn is not None and lsn >= stop_lsn:
-                            return
-                        yield LoggedRecord(lsn, record, kinds[j], header.commit_us / 1e6, seq,
-                                           batch.segment, batch.offset, batch.end, last)
+                for lsn, kind, record in batch.numbered_records(loads):
+                    if lsn < place.lsn:
+                        continue
+                    if stop_lsn is not None and lsn >= stop_lsn:
+                        return
+                    yield LoggedRecord(lsn, record, kind, header.commit_us / 1e6, seq,
+                                       batch.segment, batch.offset, batch.end, last)
             except CodecError as e:
                 raise e.locate(f"{dest.url} log {seq} {segment_name(seq, batch.segment)}")
             except Damage as d:

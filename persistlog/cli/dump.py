@@ -176,14 +176,10 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
             if batch.first_lsn + batch.header.count <= from_lsn:
                 continue  # wholly before --from-lsn: no need to decode it
             try:
-                slices = batch.record_slices(loads)
-                kinds = slices.kinds()
-                for first, records in slices:
-                    for j, record in enumerate(records, first):
-                        lsn = batch.first_lsn + j
-                        if from_lsn <= lsn and (to_lsn is None or lsn <= to_lsn):
-                            writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
-                                         kind=kinds[j], commit_us=batch.header.commit_us, record=record)
+                for lsn, kind, record in batch.numbered_records(loads):
+                    if from_lsn <= lsn and (to_lsn is None or lsn <= to_lsn):
+                        writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
+                                     kind=kind, commit_us=batch.header.commit_us, record=record)
             except Damage as d:
                 damaged = True
                 name = dict(segments).get(batch.segment, str(batch.segment))
