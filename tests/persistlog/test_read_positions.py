@@ -15,9 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import persistlog
+from destinations import open_destination
 from persistlog import Cursor, PositionError
+from persistlog._seek import seek
 from hypothesis_profiles import active_profile
 from log_files import crash, segment_files
+from s3_requests import S3Requests
 
 
 @dataclass
@@ -258,3 +261,30 @@ def test_a_torn_tail_is_the_end_not_damage(tmp_path: Path) -> None:
     assert last == 20 and Cursor.at_lsn(url, 21).next_lsn == 21
     with pytest.raises(PositionError, match="past the end"):
         Cursor.at_lsn(url, 22)
+
+
+@pytest.mark.slow  # ~20 s: a segment object per update on moto
+def test_a_seek_on_s3_reads_headers_not_the_segments_before_it(
+    s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    """Counted as sent: one LIST, a handful of small header reads (a binary search over
+    the logs, then over the segments of one), and the one segment that holds the LSN."""
+    url = f"s3://{s3_bucket}/log"
+    ops: list[Any] = []
+    for r in range(3):
+        ops += [(f"k{i}", r) for i in range(12)] + [None]
+    write_log(url, ops, durability="flush", storage_options=s3_storage_options)
+    so = {**s3_storage_options, "skip_instance_cache": True}
+    full = list(persistlog.read(url, storage_options=so))
+    segments = sum(len(s) for s in persistlog._reader.list_logs(open_destination(url, **so)).values())
+    assert segments > 30  # one object per flush
+    lsn = full[len(full) * 2 // 3].lsn
+    dest = open_destination(url, **so)
+    sent = S3Requests(dest)
+    view, place = seek(dest, lsn)
+    assert Cursor.from_place(place) == Cursor.at_lsn(url, lsn, storage_options=so)
+    assert sent.counts["ListObjectsV2"] == 1
+    # log2 of the logs and of one log's segments, each a header read, and the target.
+    assert sent.counts["GetObject"] <= 2 * (len(view.seqs).bit_length() + segments.bit_length()) + 2, sent.counts
+    assert set(sent.counts) <= {"ListObjectsV2", "GetObject"}
+    dest.close()
