@@ -290,11 +290,17 @@ class Follower:
                     got = True
                     self._caught_up.clear()
                 yield fb
-            if not got:
-                if self._probe.deferred:
-                    continue  # it left the next log unprobed: it says nothing yet, poll again
-                self._caught_up.set()
+            if not got and self._caught_up_now():
                 self._stop.wait(self.poll_interval)
+
+    def _caught_up_now(self) -> bool:
+        """After a poll that found nothing: whether that says "caught up" (then it is set,
+        and the next poll waits ``poll_interval``). A poll that left the next log unprobed
+        (the probe's CURRENT check took its place) says nothing: poll again at once."""
+        if self._probe.deferred:
+            return False
+        self._caught_up.set()
+        return True
 
     def __aiter__(self) -> AsyncIterator[FollowedBatch]:
         """``async for batch in follower``: the same batches as iterating, with every read
