@@ -187,7 +187,51 @@ def catch_up(cfg: Config, s: Scratch) -> list[Figure]:
     ]
 
 
+# S3 Standard list prices per 1,000 requests (us-east-1): LIST as PUT, HEAD as GET.
+PRICE_PER_1000 = {"LIST": 0.005, "PUT": 0.005, "HEAD": 0.0004, "GET": 0.0004}
+SECONDS_PER_YEAR = 365 * 86_400
+
+
+def idle_s3(cfg: Config, s: Scratch) -> list[Figure]:
+    """An idle follower of an S3 log (its writer open, nothing new): requests per poll,
+    counted by the follower's destination (every attempt it sends), and their price for
+    100 followers over a year."""
+    moto = s3.shared_moto(cfg, s)
+    url = moto.url("follow-idle")
+    lg = persistlog.open(url, no_enumeration, storage_options=moto.options)
+    try:
+        for i in range(200):
+            lg.update({"i": i})
+        lg.sync()
+        lg.rotate()
+        lg.update({"i": -1})
+        lg.sync()
+        # An s3fs instance of its own: the writer's requests are not the follower's.
+        follower = persistlog.follow(url, lambda r: None, storage_options={**moto.options, "skip_instance_cache": True})
+        while follower.poll():
+            pass
+        seconds = 5.0 if cfg.quick else 30.0
+        log.info("follower idle on S3: %.0f s at the default poll interval (%.2f s)", seconds, follower.poll_interval)
+        before, polls = request_counts(follower.dest), follower.polls
+        follower.start()
+        time.sleep(seconds)
+        follower.stop()
+        sent = {k: v - before.get(k, 0) for k, v in request_counts(follower.dest).items()}
+        polls = follower.polls - polls
+    finally:
+        lg.close()
+    per_poll = sum(sent.values()) / max(1, polls)
+    per_year = sum(n * PRICE_PER_1000.get(k, 0.0) / 1000 for k, n in sent.items()) / seconds * SECONDS_PER_YEAR * 100
+    raw = {"seconds": seconds, "polls": polls, "requests": sent, "poll_interval": follower.poll_interval}
+    return [
+        at_most("idle S3 follower: LIST per poll", AREA, sent.get("LIST", 0) / max(1, polls), 0.0, "req", raw=raw),
+        at_most("idle S3 follower: requests per poll", AREA, per_poll, 2.0, "req"),
+        info(f"  idle S3 followers: 100 for a year, {polls} polls in {seconds:.0f} s", AREA, per_year, "$"),
+    ]
+
+
 BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
+    "idle_s3": idle_s3,
     "lag_local": lag_local,
     "lag_s3": lag_s3,
     "catchup": catch_up,

@@ -20,6 +20,7 @@ import core
 import follower
 import logset
 import many_logs
+import positions
 import s3
 import shapes
 import spark_stream
@@ -42,6 +43,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     # logset.spark runs with the Spark benchmarks (full runs, --spark, --only logset).
     "logset": logset.BENCHMARKS,
     "many": many_logs.BENCHMARKS,
+    "positions": positions.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }

@@ -28,13 +28,16 @@ from ._errors import (
     LogSetError,
     MissingDependencyError,
     PersistLogError,
+    PositionError,
     ResetRequired,
     WriterConflict,
 )
-from ._follower import Cursor, FollowedBatch, Follower, Lag, follow
+from ._cursor import Cursor
+from ._follower import FollowedBatch, Follower, Lag, follow
 from ._format import FORMAT_VERSION
 from ._log import Log
 from ._log_set import LogSet, LogSetOptions
+from ._range import LoggedRecord, read
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._rotation import Emit
@@ -69,9 +72,11 @@ __all__ = [
     "LogSet",
     "LogSetError",
     "LogSetOptions",
+    "LoggedRecord",
     "MissingDependencyError",
     "OpenOptions",
     "PersistLogError",
+    "PositionError",
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",
@@ -82,6 +87,7 @@ __all__ = [
     "follow",
     "open",
     "open_async",
+    "read",
     "restore",
     "restore_async",
 ]

@@ -9,6 +9,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypedDict
 
 from destinations import Destination, LockHeld, WriterLock
@@ -23,6 +24,7 @@ from ._log import Log, LogSettings, destination_at, release_writer_lock
 from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._rotation import EnumerateAll
+from ._seek import lsn_at_time, utc_micros
 from ._segment_writer import fence_newest_log
 
 log = logging.getLogger("persistlog")
@@ -99,6 +101,8 @@ def restore(
     missing_ok: bool = True,
     codec: Codec | None = None,
     storage_options: dict[str, Any] | None = None,
+    to_lsn: int | None = None,
+    to_time: datetime | None = None,
 ) -> RestoreResult:
     """Replay the newest complete log at ``url`` and every newer one, in LSN order.
 
@@ -115,11 +119,35 @@ def restore(
 
     The process remembers where the restore ended, so that a later ``open(url, ...)`` in
     the same process, with nothing written in between, may start a new log there.
+
+    Point in time: ``to_lsn=n`` rebuilds the state as of LSN ``n`` (record ``n`` applied,
+    nothing after it), ``to_time=t`` (an aware datetime) as of commit time ``t`` (every
+    batch committed at or before ``t``; a time after the last batch is the whole log). The
+    replay starts at the newest log whose snapshot completed at or before that point and
+    stops there; ``result.last_lsn`` is the point. A point the logs do not hold (an LSN
+    before the oldest record retained or past the last, a time before the oldest record
+    retained, no complete snapshot left before it) raises :class:`PositionError`, which
+    names what is there. A point-in-time restore is not where the log ends, so ``open()``
+    does not treat it as a restore of the destination.
     """
+    if to_lsn is not None and to_time is not None:
+        raise TypeError("restore() takes to_lsn= or to_time=, not both")
+    if to_lsn is not None and (isinstance(to_lsn, bool) or not isinstance(to_lsn, int)):
+        raise TypeError(f"to_lsn must be an int, not {type(to_lsn).__name__}")
+    if to_lsn is not None and to_lsn < 0:
+        raise ValueError(f"to_lsn must be >= 0, not {to_lsn}")
+    if to_time is not None:
+        utc_micros(to_time)  # a naive or non-datetime value is refused before any I/O
     dest = destination_at(url, storage_options)
     try:
+        if to_time is not None:
+            to_lsn = lsn_at_time(dest, to_time)
+        if to_lsn is not None and to_lsn < F.FIRST_LSN:
+            # Before the first record ever written (nothing was deleted): the empty state.
+            return RestoreResult(destination=dest.url, found=True, complete=True, next_lsn=F.FIRST_LSN)
         result, _states = restore_from(
-            dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec
+            dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec,
+            to_lsn=to_lsn,
         )
     except FileNotFoundError as e:
         if isinstance(e, PersistLogError):
@@ -129,7 +157,7 @@ def restore(
         ) from e
     finally:
         dest.close()
-    if result.logs:
+    if result.logs and to_lsn is None:
         _restored_at[destination_key(dest)] = (result.logs[-1], result.next_lsn)
     return result
 

@@ -1,6 +1,6 @@
 """``async for batch in follower``: a Follower driven from an event loop.
 
-Every read (listings, sizes, segment bytes) and the decoding run on the loop's default
+Every read (probes, sizes, segment bytes) and the decoding run on the loop's default
 executor, one batch per hand-off, so memory stays bounded by the largest batch as when
 iterating; the wait between polls is an ``asyncio.sleep`` on the loop. Only the loop's
 default executor is used: no thread is held while the follower is idle.
@@ -37,6 +37,5 @@ async def followed_batches(follower: Follower) -> AsyncIterator[FollowedBatch]:
             # Left mid-poll (break, error, cancellation): end the poll off the loop.
             if not done and isinstance(polled, Generator):
                 await loop.run_in_executor(None, polled.close)
-        if not got:
-            follower._caught_up.set()
+        if not got and follower._caught_up_now():
             await asyncio.sleep(follower.poll_interval)

@@ -14,6 +14,7 @@
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
     ├── ResetRequired          a follower's cursor points at data retention already deleted
+    ├── PositionError          an LSN or time the logs do not hold: before retention, past the end (also a ValueError)
     ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
     └── LogSetError            a LogSet's root holds something else, or a set of another depth
 
@@ -164,6 +165,32 @@ class MissingDependencyError(PersistLogError, ImportError):
 class ResetRequired(PersistLogError):
     """A follower cannot continue from its cursor (retention deleted what it needs, or the
     cursor is ahead of the log) and no ``on_reset`` hook was given."""
+
+
+class PositionError(PersistLogError, ValueError):
+    """A position (an LSN, a commit time, a cursor) that the logs at a destination do not
+    hold: before the oldest record retention left, past the end, or inside a gap a writer
+    declared there. Never damage: the message and the attributes say what is there.
+
+    ``first_lsn`` and ``last_lsn`` are the oldest and newest record's LSNs (``last_lsn``
+    is ``first_lsn - 1`` when the logs hold no record), ``first_time`` and ``last_time``
+    the commit times of their batches (seconds since the Unix epoch; None when unknown).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        first_lsn: int,
+        last_lsn: int,
+        first_time: float | None,
+        last_time: float | None,
+    ) -> None:
+        super().__init__(message)
+        self.first_lsn = first_lsn
+        self.last_lsn = last_lsn
+        self.first_time = first_time
+        self.last_time = last_time
 
 
 class ExistingLogError(PersistLogError):

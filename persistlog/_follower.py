@@ -4,24 +4,26 @@ A follower first restores (or resumes from a cursor), then polls for what is new
 
 * the growing segment of a local log: its size, and new batches from the cursor's offset
   (never re-reading from the start);
-* new segments and new logs: one incremental listing after the cursor's segment name,
-  which on object stores is a single ``ListObjectsV2`` with ``StartAfter``.
+* new segments and new logs: the names that may come next (the log's next segment, the
+  next log's first), asked for by :class:`~persistlog._probe.SegmentProbe`, never listed.
 
-An idle poll therefore costs one size check and one small listing, and the follower sleeps
-``poll_interval`` between polls. A torn-looking end of the live segment is a write in
-progress and is waited on; once a later segment or log exists it is final, and is
-dropped as restore would drop it. Followers never write to the destination.
+An idle poll therefore costs a size check of a growing local segment and two more (on an
+object store, whose segments never grow: two ``HEAD`` requests, or a ``HEAD`` and a read of
+CURRENT once every few seconds; never a ``LIST``), and the follower sleeps
+``poll_interval`` between polls. A listing is made only when something is unexpected: the
+cursor's data gone (retention), a later log that skipped numbers. A torn-looking end of
+the live segment is a write in progress and is waited on; once a later segment or log
+exists it is final, and is dropped as restore would drop it. Followers never write to the destination.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -29,8 +31,10 @@ from destinations import Destination, open_destination
 
 from . import _format as F
 from ._codec import Codec
+from ._cursor import Cursor
 from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
+from ._probe import SegmentProbe
 from ._reader import (
     RESYNC_ATTEMPTS,
     Batch,
@@ -46,50 +50,10 @@ from ._resume import records_to_skip
 
 log = logging.getLogger("persistlog")
 
-# A local poll is a stat and a directory read; a remote one is a LIST request, which is
-# billed: poll object stores less often (their writers PUT about once a second anyway).
+# A local poll is a few stats; a remote one is two billed requests (HEAD): poll object
+# stores less often (their writers PUT about once a second anyway).
 LOCAL_POLL_INTERVAL = 0.01
 REMOTE_POLL_INTERVAL = 0.25
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """Where a follower stands: the next byte to read and the LSN it will carry.
-
-    ``str(cursor)`` / :meth:`Cursor.parse` and :meth:`to_dict` / :meth:`from_dict` give a
-    small serialisable form the app can persist next to its replica state.
-    """
-
-    log: int
-    segment: int
-    offset: int
-    next_lsn: int
-
-    def __str__(self) -> str:
-        return f"{self.log}:{self.segment}:{self.offset}:{self.next_lsn}"
-
-    @classmethod
-    def parse(cls, value: str) -> Cursor:
-        try:
-            parts = [int(p) for p in value.split(":")]
-            if len(parts) != 4 or min(parts) < 0:
-                raise ValueError
-        except (ValueError, AttributeError):
-            raise ValueError(f"not a persistlog cursor: {value!r} (expected 'log:segment:offset:next_lsn')") from None
-        return cls(*parts)
-
-    def to_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, value: dict[str, Any]) -> Cursor:
-        try:
-            return cls(int(value["log"]), int(value["segment"]), int(value["offset"]), int(value["next_lsn"]))
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"not a persistlog cursor: {value!r}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 @dataclass(frozen=True)
@@ -124,15 +88,6 @@ class Lag:
 
     records: int
     seconds: float
-
-
-def next_segments(cur: Cursor, sealed: bool) -> list[tuple[str, Cursor]]:
-    """The segments that may come right after the cursor's, in the order they are taken,
-    each with the cursor at its start: the log's next segment (none once the log is sealed),
-    then the next log's first. Anything else after the cursor's segment is a gap."""
-    after = [] if sealed else [(F.segment_name(cur.log, cur.segment + 1), Cursor(cur.log, cur.segment + 1, 0, cur.next_lsn))]
-    after.append((F.segment_name(cur.log + 1, 0), Cursor(cur.log + 1, 0, 0, cur.next_lsn)))
-    return after
 
 
 def gap_closed(dest: Destination, seq: int) -> bool:
@@ -216,6 +171,8 @@ class Follower:
         # records of that batch to skip: ((log, segment, offset), how many).
         self._check_cursor = cursor is not None
         self._skip: tuple[tuple[int, int, int], int] | None = None
+        # Finds new segments and logs by their names, without listing.
+        self._probe = SegmentProbe(dest)
 
     # -- public -------------------------------------------------------------------------
 
@@ -248,6 +205,9 @@ class Follower:
         try:
             for _fb in self._poll_once():
                 pass
+            if self._probe.deferred:  # the next log is unprobed yet: "nothing new" says nothing
+                for _fb in self._poll_once():
+                    pass
         finally:
             self._keep_records = True
         return self.applied_records - before
@@ -330,9 +290,17 @@ class Follower:
                     got = True
                     self._caught_up.clear()
                 yield fb
-            if not got:
-                self._caught_up.set()
+            if not got and self._caught_up_now():
                 self._stop.wait(self.poll_interval)
+
+    def _caught_up_now(self) -> bool:
+        """After a poll that found nothing: whether that says "caught up" (then it is set,
+        and the next poll waits ``poll_interval``). A poll that left the next log unprobed
+        (the probe's CURRENT check took its place) says nothing: poll again at once."""
+        if self._probe.deferred:
+            return False
+        self._caught_up.set()
+        return True
 
     def __aiter__(self) -> AsyncIterator[FollowedBatch]:
         """``async for batch in follower``: the same batches as iterating, with every read
@@ -420,6 +388,7 @@ class Follower:
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1
+        self._probe.deferred = False
         try:
             if self._cursor is None:
                 yield from self._sync(None)
@@ -537,59 +506,60 @@ class Follower:
         cur = self._cursor
         assert cur is not None
         name = F.segment_name(cur.log, cur.segment)
-        later = [n for n in self.dest.list(start_after=name) if F.parse_segment_name(n) is not None]
+        # Look for what follows before sizing this segment: a successor seen now means the
+        # size read next holds every record of this segment. The names that may come next
+        # are asked for (SegmentProbe): an idle poll lists nothing.
+        following = self._probe.following(cur, self._sealed)
         if cur.offset == 0 or not self._at_end or (self.dest.appendable and not self._sealed):
             # A missing segment raises FileNotFoundError: a reset, or damage (_why_gone).
-            size = self.dest.size(name)
+            size = self._probe.size(name)
             if cur.offset > size:
                 yield from self._sync(f"the cursor is past the end of {name} ({size} bytes)")
                 return
             if size > cur.offset or cur.offset == 0:
                 # The segment is final once anything follows it: a torn end is then dropped
                 # if it ends its log, and is corruption if a later segment of the log exists.
-                more = any(F.parse_segment_name(n)[0] == cur.log for n in later)  # type: ignore[index]
-                yield from self._scan(cur, name, final=bool(later), more_segments=more)
+                more = following is not None and following[1].log == cur.log
+                yield from self._scan(cur, name, final=following is not None, more_segments=more)
             else:
                 self._at_end = True
-        for i, n in enumerate(later):
+        while following is not None:
+            n, nxt = following
             cur = self._cursor
             assert cur is not None
-            parsed = F.parse_segment_name(n)
-            assert parsed is not None
-            seq, number = parsed
-            if (
-                number == 0
-                and (seq > cur.log + 1 or (seq == cur.log + 1 and not self._sealed and first_lsn(self.dest, n) != cur.next_lsn))
-                and declares_gap(self.dest, [(0, n)])
-            ):
-                yield from self._after_gap(seq)
-                return
-            nxt = dict(next_segments(cur, self._sealed)).get(n)
-            if nxt is None:
-                # Retention deleted the cursor's log (FileNotFoundError: a reset, see
-                # _why_gone); if it is still there, something is missing after it.
-                self.dest.size(F.segment_name(cur.log, cur.segment))
+            if nxt.log == cur.log and self._sealed:
                 raise CorruptLogError(
-                    f"expected the segment after log {cur.log} segment {cur.segment}, found {n}",
-                    destination=self.dest.url,
-                    log=seq,
-                    segment=n,
-                    offset=0,
+                    f"expected the segment after log {cur.log} segment {cur.segment}, found {n} after the seal",
+                    destination=self.dest.url, log=nxt.log, segment=n, offset=0,
                 )
             if nxt.log != cur.log:
                 first = None if self._sealed else first_lsn(self.dest, n)
                 if first is not None and first != cur.next_lsn:
+                    if declares_gap(self.dest, [(0, n)]):
+                        yield from self._after_gap(nxt.log)
+                        return
                     # The log we followed ended unsealed where the next one does not begin:
                     # its end was lost (a secondary detached mid-log, a power loss took bytes
                     # we had read). Our history and the log's diverged: re-sync.
                     yield from self._sync(
-                        f"log {seq} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
+                        f"log {nxt.log} starts at LSN {first}, but log {cur.log} was followed to LSN {cur.next_lsn}"
                     )
                     return
                 self._sealed = False
-            self._cursor = nxt
-            more = any(F.parse_segment_name(m)[0] == seq for m in later[i + 1:])  # type: ignore[index]
-            yield from self._scan(nxt, n, final=n != later[-1], more_segments=more)
+            self._cursor = cur = Cursor(nxt.log, nxt.segment, 0, cur.next_lsn)
+            following = self._probe.following(cur, False)
+            more = following is not None and following[1].log == cur.log
+            yield from self._scan(cur, n, final=following is not None, more_segments=more)
+        cur = self._cursor
+        assert cur is not None
+        skipped = self._probe.skipped_log(cur)
+        if skipped is not None:
+            seq, segments = skipped
+            if declares_gap(self.dest, segments):
+                yield from self._after_gap(seq)
+                return
+            raise CorruptLogError(f"log {cur.log + 1} is missing between logs {cur.log} and {seq}",
+                                  destination=self.dest.url, log=cur.log + 1)
 
     def _after_gap(self, seq: int) -> Iterator[FollowedBatch]:
         """Log ``seq`` follows a gap its writer left here (a secondary that was detached or
@@ -663,7 +633,13 @@ def follow(
     ``wait_caught_up()``, ``poll()`` or iteration), so that a mistyped path never looks
     like a healthy, caught-up replica; ``wait_for_log=True`` waits for a writer to make one.
     ``poll_interval`` defaults to 10 ms for local directories and 250 ms for object stores,
-    where every poll is one LIST request.
+    where an idle poll is two requests (``HEAD``), never a ``LIST``.
+
+    ``cursor`` may come from a follower or a record (:attr:`FollowedBatch.cursor`,
+    :attr:`LoggedRecord.cursor`), or from a position: :meth:`Cursor.earliest` (the oldest
+    record retained), :meth:`Cursor.at_lsn`, :meth:`Cursor.at_time`. A follower started
+    at a position replays the log's history from there (snapshot records of later
+    rotations included, in LSN order), not a restore.
     """
     if replay is not None and replay_batch is not None:
         raise TypeError("follow() takes replay= or replay_batch=, not both")
@@ -687,4 +663,4 @@ def follow(
     )
 
 
-__all__ = ["Cursor", "FollowedBatch", "Follower", "Lag", "follow"]
+__all__ = ["FollowedBatch", "Follower", "Lag", "follow"]

@@ -89,6 +89,15 @@ class Batch:
         ``plain=False`` for a ``loads`` whose values differ from cbor2's on tag-free CBOR."""
         return record_slices(self.header, self.raw, self.offset, loads, plain=plain)
 
+    def numbered_records(self, loads: Callable[[bytes], Any]) -> Iterator[tuple[int, str, Any]]:
+        """``(LSN, kind, record)`` of each app record, decoded slice by slice as iterated
+        (``kind``: ``"update"`` or ``"snapshot"``)."""
+        slices = self.record_slices(loads)
+        kinds = slices.kinds()
+        for first, records in slices:
+            for j, record in enumerate(records, first):
+                yield self.header.first_lsn + j, kinds[j], record
+
     def records_and_kinds(self, loads: Callable[[bytes], Any]) -> tuple[list[Any], RecordKinds]:
         """The app records, and the kind of each (``"update"`` or ``"snapshot"``)."""
         records, bitmap = split_records(self.header, self.raw, self.offset, loads)

@@ -36,6 +36,7 @@ from ._reader import (
     log_header,
     read_pointer,
 )
+from ._seek import seek
 
 log = logging.getLogger("persistlog")
 
@@ -143,6 +144,33 @@ def reach(dest: Destination) -> int:
     while kept < len(seqs) and seqs[kept] == seqs[kept - 1] + 1 and not declares_gap(dest, p.logs[seqs[kept]]):
         kept += 1
     return end_of_logs(dest, {s: p.logs[s] for s in seqs[:kept]})[1]
+
+
+def plan_until(dest: Destination, to_lsn: int) -> ReplayPlan:
+    """The plan of a restore that stops after LSN ``to_lsn``: from the newest log whose
+    snapshot is complete at or before ``to_lsn`` (its ``complete`` marker at most that
+    far), through the log holding ``to_lsn``, as a restore of the logs cut there would
+    plan it. Raises :class:`PositionError` when ``to_lsn`` is not held (before the oldest
+    record retention left, past the last one) or no complete state is left at or before
+    it (the oldest retained log's snapshot ends after it)."""
+    view, place = seek(dest, to_lsn)
+    if place.at_end:
+        raise view.not_held(f"LSN {to_lsn} is past the end (the next record takes LSN {place.lsn})")
+    logs = {seq: segments for seq, segments in view.logs.items() if seq <= place.log}
+    pointer = read_pointer(dest)
+    seq = place.log
+    while True:
+        scanner = LogScanner(dest, seq, logs[seq])
+        complete_lsn = next((scanner.state.complete_lsn for _batch in scanner if scanner.state.complete), None)
+        if complete_lsn is not None and complete_lsn <= to_lsn:
+            return ReplayPlan(logs, seq, True, pointer)
+        if seq - 1 not in logs or declares_gap(dest, logs[seq]):
+            break
+        seq -= 1
+    if view.first_lsn(seq) != FIRST_LSN:
+        raise view.not_held(f"no complete state is left at or before LSN {to_lsn} (the oldest "
+                            f"complete log retained completes its snapshot after it)")
+    return ReplayPlan(logs, seq, False, pointer)  # the whole history, from the first record
 
 
 def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> bool:
@@ -360,6 +388,7 @@ def restore_from(
     recovery: str = "strict",
     missing_ok: bool = True,
     codec: Codec | None = None,
+    to_lsn: int | None = None,
 ) -> tuple[RestoreResult, list[LogState]]:
     if (replay is None) == (replay_batch is None):
         raise TypeError("restore() needs exactly one of replay= or replay_batch=")
@@ -369,7 +398,7 @@ def restore_from(
     loads = codec.loads
     apply = replay_batch if replay_batch is not None else per_record(replay)  # type: ignore[arg-type]
     result = RestoreResult(destination=dest.url)
-    p = plan(dest)
+    p = plan(dest) if to_lsn is None else plan_until(dest, to_lsn)
     if p.start is None:
         if not missing_ok:
             raise LogNotFoundError(f"no persistlog log at {dest.url}")
@@ -388,11 +417,16 @@ def restore_from(
                     result.logs.append(scanner.seq)
                 if batch.is_control:
                     continue
+                if to_lsn is not None and batch.first_lsn > to_lsn:
+                    break
                 try:
                     # Slice by slice: each slice is applied while its records are in the cache.
-                    for _first, records in batch.record_slices(loads):
-                        apply(records)
-                        result.records += len(records)
+                    for first, records in batch.record_slices(loads):
+                        if to_lsn is not None and batch.first_lsn + first + len(records) > to_lsn + 1:
+                            records = records[:max(0, to_lsn + 1 - batch.first_lsn - first)]
+                        if records:
+                            apply(records)
+                            result.records += len(records)
                 except CodecError as e:
                     # Intact bytes the app's Codec refuses: its problem, never skipped.
                     raise e.locate(f"{dest.url} log {batch.log} {segment_name(batch.log, batch.segment)}")
@@ -422,7 +456,9 @@ def restore_from(
         if st.torn is not None:
             result.torn_tails.append(st.torn)
         result.skipped.extend(st.skipped)
-    if states and states[-1].next_lsn is not None:
+    if to_lsn is not None:
+        result.next_lsn, result.last_lsn = to_lsn + 1, to_lsn
+    elif states and states[-1].next_lsn is not None:
         result.next_lsn = states[-1].next_lsn
         result.last_lsn = result.next_lsn - 1
     log.info("restored %d records from log(s) %s at %s", result.records, result.logs, dest.url)

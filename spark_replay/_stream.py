@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import (
 from destinations import Destination, open_destination
 from persistlog import _format as F
 from persistlog._errors import DestinationError, LogNotFoundError, PersistLogError, ResetRequired
-from persistlog._follower import Cursor
+from persistlog._cursor import Cursor
 from persistlog._reader import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap
 
 from ._options import STARTING_POSITIONS, StreamOptions

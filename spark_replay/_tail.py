@@ -5,12 +5,12 @@ read those with the batch source's reader. Deciding needs the batch boundaries a
 LSNs, so the driver walks batch headers only. Payloads are read for control batches alone,
 which are small: a snapshot-complete marker changes ``base_log``, a seal ends the log.
 
-New segments and logs are found as a follower finds them
-(:func:`persistlog._follower.next_segments`), but by asking for the names that may come
-next rather than by listing: an idle poll costs a size check of a growing local segment and
-two ``HEAD`` requests on an object store (whose objects never change, so their sizes are
-remembered), never a ``LIST``. A listing happens only when the cursor's segment is gone,
-to say what retention left.
+New segments and logs are found as a follower finds them, by asking for the names that
+may come next (:class:`persistlog._probe.SegmentProbe`) rather than by listing: an idle
+poll costs a size check of a growing local segment and two requests on an object store
+(whose objects never change, so their sizes are remembered), never a ``LIST``. A listing
+happens only when the cursor's segment is gone, to say what retention left, or when
+CURRENT names a log past the next one.
 
 The end of a live local segment may hold a batch being written: the walk waits for it. Once
 a later segment or log exists that end is final, and the follower's rules decide between a
@@ -20,7 +20,6 @@ torn tail (dropped, as restore drops it) and corruption (raised).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,7 +27,9 @@ from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
 from persistlog._errors import CorruptLogError, PersistLogError, ResetRequired
-from persistlog._follower import Cursor, first_lsn, gap_closed, next_segments
+from persistlog._cursor import Cursor
+from persistlog._follower import first_lsn, gap_closed
+from persistlog._probe import SegmentProbe, next_segments
 from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer, retention_gap
 from persistlog._restore import plan as restore_plan
 
@@ -38,9 +39,6 @@ log = logging.getLogger("spark_replay")
 WALK_CHUNK = 64 * 1024
 # A walk remembers a batch boundary at least this often, for cutting partitions.
 MARK_BYTES = 256 * 1024
-# An idle stream looks this often for a later log that skipped the next number (one that
-# follows a gap on a secondary): a read of CURRENT, and a listing only if it moved on.
-SKIP_CHECK_SECONDS = 5.0
 #: What a query that cannot go on past a retention gap may do (the end of its message).
 GAP_OPTIONS = (
     "Set option onRetentionGap=restore to continue from the newest complete log (its rows "
@@ -169,9 +167,9 @@ class Tail:
 
     def __init__(self, dest: Destination) -> None:
         self.dest = dest
-        # Objects never change once written: a size seen is a size forever.
-        self._object_sizes: dict[str, int] = {}
-        self._next_skip_check = 0.0
+        # Finds the segments that follow by their names, as followers do; remembers the
+        # sizes of objects (they never change once written).
+        self._probe = SegmentProbe(dest)
 
     def latest_position(self) -> Position | None:
         """The end of the newest log as it is now (None: no log yet)."""
@@ -270,47 +268,24 @@ class Tail:
     def _check_skipped(self, pos: Position) -> None:
         """Nothing follows the cursor under the names that may come next. A secondary that
         was detached while the writer rotated goes on with a later number, in a log that
-        declares the gap: a complete log past the cursor's (CURRENT) tells it is there."""
-        now = time.monotonic()
-        if now < self._next_skip_check:
-            return
-        self._next_skip_check = now + SKIP_CHECK_SECONDS
+        declares the gap: the probe's look at CURRENT tells it is there."""
         cur = pos.cursor
-        pointer = read_pointer(self.dest)
-        if pointer is None or pointer <= cur.log + 1:
+        skipped = self._probe.skipped_log(cur)
+        if skipped is None:
             return
-        logs = list_logs(self.dest)
-        later = [seq for seq in logs if seq > cur.log]
-        # The cursor's log gone, or the next one there now: the next poll takes it.
-        if cur.log not in logs or not later or min(later) == cur.log + 1:
-            return
-        seq = min(later)
-        if declares_gap(self.dest, logs[seq]):
-            self._next_skip_check = 0.0  # the poll after the records walked before it raises
-            raise _DeclaredGap(seq, logs[seq][0][1])
+        seq, segments = skipped
+        if declares_gap(self.dest, segments):
+            self._probe.check_again()  # the poll after the records walked before it raises
+            raise _DeclaredGap(seq, segments[0][1])
         raise CorruptLogError(
             f"log {cur.log + 1} is missing between logs {cur.log} and {seq}", destination=self.dest.url, log=cur.log + 1
         )
 
     def _following(self, pos: Position) -> tuple[str, Cursor] | None:
-        for name, cursor in next_segments(pos.cursor, pos.sealed):
-            try:
-                self._size(name, cursor)
-            except FileNotFoundError:
-                continue
-            return name, cursor
-        return None
+        return self._probe.following(pos.cursor, pos.sealed)
 
     def _size(self, name: str, cur: Cursor) -> int:
-        if self.dest.appendable:
-            size = self.dest.size(name)
-        else:
-            size = self._object_sizes.get(name, -1)
-            if size < 0:
-                size = self.dest.size(name)
-                if len(self._object_sizes) > 64:
-                    self._object_sizes.clear()
-                self._object_sizes[name] = size
+        size = self._probe.size(name)
         if cur.offset > size:
             raise ResetRequired(
                 f"cannot follow {self.dest.url} from cursor {cur}: it is past the end of {name} ({size} bytes)"
@@ -422,7 +397,7 @@ class Tail:
         in progress (waited for), a torn tail of a segment that became final (dropped), or
         corruption (raised). True when a whole batch is there now."""
         following = [n for n, _ in next_segments(cur, False)]
-        more = final and self._exists(following[0])
+        more = final and self._probe.exists(following[0])
         scanner = LogScanner(
             self.dest, cur.log, [(cur.segment, name)],
             start=(cur.segment, cur.offset, cur.next_lsn),
@@ -436,13 +411,6 @@ class Tail:
             log.warning("dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
                         self.dest.url, cur.log, torn.length, torn.segment, torn.offset, torn.reason)
         return False
-
-    def _exists(self, name: str) -> bool:
-        try:
-            self.dest.size(name)
-        except FileNotFoundError:
-            return False
-        return True
 
     # -- retention --------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 Each record is printed with its LSN, log, segment, byte offset of its batch, kind
 (snapshot, update; control with --control) and commit time, in persistlog's lossless
-JSON form. Damaged batches are passed over and reported on stderr; exit status 1 if any
+JSON form. --from-lsn/--to-lsn and --from-time/--to-time bound what is printed (both ends
+inclusive; a time is an ISO 8601 date and time, UTC unless it names a zone, compared with
+the commit time of each batch); the start is found from segment and batch headers. Damaged batches are passed over and reported on stderr; exit status 1 if any
 corruption was met, 0 otherwise (a torn tail is only noted).
 """
 
@@ -10,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 from typing import Any
 
 from destinations import Destination
 
 from .._codec import Codec
 from .._decoder import Damage
+from .._errors import CorruptLogError, PositionError
 from .._reader import LogScanner, list_logs
+from .._seek import seek, utc_micros
 from ._console import EXIT_DAMAGED, EXIT_OK, error
 from ._options import UsageError, open_log
 from ._records import RecordWriter
@@ -26,6 +31,7 @@ examples:
   persistlog dump /var/lib/app/state | less
   persistlog dump /var/lib/app/state --log 12 --json > log12.jsonl
   persistlog dump s3://bucket/app --from-lsn 1500000 --json | jq 'select(.record.key == "user:1")'
+  persistlog dump /var/lib/app/state --from-time 2026-11-26T09:00 --to-time 2026-11-26T10:00
 """
 
 
@@ -39,19 +45,61 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--log", type=int, metavar="SEQ", help="only this log")
-    p.add_argument("--from-lsn", type=int, default=0, metavar="N", help="only records with LSN >= N")
+    p.add_argument("--from-lsn", type=int, default=None, metavar="N", help="only records with LSN >= N")
+    p.add_argument("--to-lsn", type=int, default=None, metavar="N", help="only records with LSN <= N")
+    p.add_argument("--from-time", type=_time, default=None, metavar="TIME",
+                   help="only records committed at or after TIME (ISO 8601, UTC unless a zone is given)")
+    p.add_argument("--to-time", type=_time, default=None, metavar="TIME",
+                   help="only records committed at or before TIME")
     p.add_argument("--control", action="store_true", help="also print control records (log header, complete, seal)")
     p.set_defaults(run=run)
 
 
+def _time(value: str) -> datetime:
+    """An ISO 8601 date and time; without a zone, UTC."""
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {value!r} (for example 2026-11-26T09:30:00Z)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def check_bounds(args: argparse.Namespace) -> None:
+    """Refuse bounds that contradict each other, before anything is read."""
+    for name in ("from_lsn", "to_lsn"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.from_lsn is not None and args.from_time is not None:
+        raise UsageError("give --from-lsn or --from-time, not both")
+    if args.to_lsn is not None and args.to_time is not None:
+        raise UsageError("give --to-lsn or --to-time, not both")
+    if args.from_lsn is not None and args.to_lsn is not None and args.to_lsn < args.from_lsn:
+        raise UsageError(f"--to-lsn {args.to_lsn} is before --from-lsn {args.from_lsn}")
+    if args.from_time is not None and args.to_time is not None and args.to_time < args.from_time:
+        raise UsageError(f"--to-time {args.to_time.isoformat()} is before --from-time {args.from_time.isoformat()}")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.from_lsn < 0:
-        raise UsageError("--from-lsn must be >= 0")
+    check_bounds(args)
     dest = open_log(args)
     try:
         return dump(dest, args)
     finally:
         dest.close()
+
+
+def _lsn_at(dest: Destination, when: datetime) -> int:
+    """The LSN of the first batch committed at or after ``when`` (0: from the oldest
+    record, when ``when`` is before it; damage found on the way is reported by the scan)."""
+    try:
+        return seek(dest, when)[1].lsn
+    except PositionError as e:
+        error(f"note: {e}; printing from the oldest record")
+    except CorruptLogError:
+        pass
+    return 0
 
 
 def _first_lsn(dest: Destination, seq: int, segment: tuple[int, str]) -> int | None:
@@ -99,10 +147,16 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
         seqs = sorted(logs)
     writer = RecordWriter(sys.stdout, args.json)
     loads = Codec().loads
-    from_lsn = args.from_lsn
+    from_lsn = args.from_lsn or 0
+    if args.from_time is not None:
+        from_lsn = _lsn_at(dest, args.from_time)
+    to_lsn = args.to_lsn
+    to_us = utc_micros(args.to_time) if args.to_time is not None else None
     first_log, first_segment = _start(dest, logs, seqs, from_lsn)
-    damaged = False
+    damaged = ended = False
     for i, seq in enumerate(seqs[first_log:]):
+        if ended:
+            break
         segments = logs[seq]
         start = None
         if i == 0 and first_segment:
@@ -110,6 +164,9 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
             start = (number, 0, None)
         scanner = LogScanner(dest, seq, segments, recovery="skip", start=start)
         for batch in scanner:
+            if (to_lsn is not None and batch.first_lsn > to_lsn) or (to_us is not None and batch.header.commit_us > to_us):
+                ended = True  # past the end asked for
+                break
             if batch.controls is not None:
                 if args.control:
                     for c in batch.controls:
@@ -119,14 +176,10 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
             if batch.first_lsn + batch.header.count <= from_lsn:
                 continue  # wholly before --from-lsn: no need to decode it
             try:
-                slices = batch.record_slices(loads)
-                kinds = slices.kinds()
-                for first, records in slices:
-                    for j, record in enumerate(records, first):
-                        lsn = batch.first_lsn + j
-                        if lsn >= from_lsn:
-                            writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
-                                         kind=kinds[j], commit_us=batch.header.commit_us, record=record)
+                for lsn, kind, record in batch.numbered_records(loads):
+                    if from_lsn <= lsn and (to_lsn is None or lsn <= to_lsn):
+                        writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
+                                     kind=kind, commit_us=batch.header.commit_us, record=record)
             except Damage as d:
                 damaged = True
                 name = dict(segments).get(batch.segment, str(batch.segment))

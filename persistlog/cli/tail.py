@@ -28,7 +28,8 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .._follower import Cursor, Follower, follow
+from .._cursor import Cursor
+from .._follower import Follower, follow
 from ._console import EXIT_OK, error
 from ._options import UsageError, open_log, parse_storage_options
 from ._records import RecordWriter

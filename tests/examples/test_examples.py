@@ -306,3 +306,28 @@ def test_rolling_deploy_hands_over_between_generations_losing_nothing(tmp_path: 
     counters: dict[str, int] = {}
     persistlog.restore(str(tmp_path / "counters"), replay=lambda r: counters.__setitem__(r["key"], r["value"]))
     assert sum(counters.values()) == int(m.group(1))
+
+# -- history.py -----------------------------------------------------------------------------
+
+
+def test_history_shows_a_range_and_the_state_at_an_lsn(tmp_path: Path, run_example: Any) -> None:
+    url = str(tmp_path / "accounts")
+    _write(url, 0, 120)
+    cut: dict[Any, Any] = {}
+
+    def apply(r: dict[str, Any]) -> None:
+        if r["op"] == "put":
+            cut[r["key"]] = r["value"]
+        else:
+            cut.pop(r["key"], None)
+
+    persistlog.restore(url, apply, to_lsn=60)
+    proc = run_example("history.py", url, "--from-lsn", "40", "--to-lsn", "60")
+    assert proc.returncode == 0, proc.stderr
+    shown = [int(line.split()[0]) for line in proc.stdout.splitlines() if line.startswith("  ") and line.split()[0].isdigit()]
+    assert shown == list(range(40, 61))
+    assert f"state as of LSN 60 (from log(s) [1]): {len(cut)} resources" in proc.stdout
+    too_far = run_example("history.py", url, "--from-lsn", "5000")
+    assert too_far.returncode == 2 and "past the end" in too_far.stderr
+    demo = run_example("history.py", "--updates", "120")
+    assert demo.returncode == 0 and "state as of LSN" in demo.stdout, demo.stderr
