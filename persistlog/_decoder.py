@@ -331,7 +331,7 @@ def parse_closed_note(buf: bytes) -> tuple[int, int] | None:
 
 
 def parse_consumer_position(buf: bytes) -> tuple[int, int, int, int, int] | None:
-    """``(seq, segment, offset, next_lsn, committed_us)`` a CONSUMER-<name> file holds;
+    """``(seq, segment, offset, next_lsn, committed_us)`` a consumer's position file holds;
     None if it is damaged in any way."""
     if len(buf) != F.CONSUMER_SIZE:
         return None

@@ -91,7 +91,7 @@ def pointer(seq: int) -> bytes:
 
 
 def consumer_position(seq: int, segment: int, offset: int, next_lsn: int, committed_us: int) -> bytes:
-    """CONSUMER-<name>: a consumer resumes at byte ``offset`` of segment ``segment`` of log
+    """consumers/<name>: a consumer resumes at byte ``offset`` of segment ``segment`` of log
     ``seq``, where LSN ``next_lsn`` is due; committed at ``committed_us``."""
     head = F.CONSUMER.pack(F.CONSUMER_MAGIC, F.FORMAT_VERSION, 0, seq, segment, offset, next_lsn, committed_us)
     return head + F.U32.pack(_crc32(head))

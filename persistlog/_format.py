@@ -36,7 +36,7 @@ CLOSED_MAGIC = b"PLOGCLSD"
 CLOSED = struct.Struct("<8sHHQQ")
 CLOSED_SIZE = CLOSED.size + 4  # 32
 
-# CONSUMER-<name>, a named consumer's committed position: magic, version, reserved, log seq,
+# consumers/<name>, a named consumer's committed position: magic, version, reserved, log seq,
 # segment number, byte offset, next LSN, commit time (µs since the Unix epoch), CRC-32.
 CONSUMER_MAGIC = b"PLOGCONS"
 CONSUMER = struct.Struct("<8sHHQIQQq")
@@ -99,9 +99,11 @@ FIRST_SEQ = 1
 # Names at a destination.
 CURRENT_NAME = "CURRENT"
 CLOSED_NAME = "CLOSED"
-CONSUMER_PREFIX = "CONSUMER-"
+# The directory of the consumers' positions, inside the destination: its files stay out of
+# the listings every reader of the log polls.
+CONSUMERS_DIR = "consumers"
 # A consumer's name: a letter or digit, then up to 63 letters, digits, "_", "." or "-", so
-# that CONSUMER-<name> is a plain file name and object key everywhere.
+# that it is a plain file name and object key everywhere (never a temporary file's name).
 CONSUMER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{10})\.plog$")
 SEQ_DIGITS = 20

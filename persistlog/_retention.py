@@ -2,7 +2,7 @@
 
 Keeps the ``retain`` newest complete logs and everything newer, and, as :class:`Retention`
 asks, older logs too: those a registered consumer has not read (``keep_for_consumers``,
-from the stored ``CONSUMER-<name>`` positions read at each retention), and those whose
+from the positions stored in ``consumers/``, read at each retention), and those whose
 records are younger than ``retain_seconds``; ``retain_max_logs`` caps what those two keep,
 so that a consumer that never reads again cannot fill the disk (past the cap it resets). A log counts as complete
 when this process completed it, when CURRENT named it at open, or when a scan of it finds
@@ -22,7 +22,7 @@ from destinations import Destination
 from . import _format as F
 from ._decoder import Damage, parse_batch_header
 from ._errors import PersistLogError
-from ._positions import stored_positions
+from ._positions import PositionStore
 from ._reader import LogScanner, list_logs
 
 log = logging.getLogger("persistlog")
@@ -132,7 +132,7 @@ def kept_longer(dest: Destination, logs: dict[int, list[tuple[int, str]]], keep_
         return keep_from
     want = keep_from
     if rules.keep_for_consumers:
-        for name, position in stored_positions(dest).items():
+        for name, position in PositionStore(dest).all().items():
             # A damaged position says nothing of where its consumer is: keep everything.
             need = older[0] if position is None else position.cursor.log
             if need < want:

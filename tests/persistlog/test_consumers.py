@@ -235,7 +235,7 @@ def test_positions_in_the_apps_hands_store_nothing(tmp_path: Path) -> None:
         assert g.add("mine", on_batch=on_batch, position=saved["pos"]).wait_caught_up(20)
     lg.close()
     assert got.items == list(range(35))
-    assert not [n for n in os.listdir(url) if n.startswith("CONSUMER-")]
+    assert not os.path.exists(os.path.join(url, "consumers"))
 
 
 def test_a_damaged_position_is_loud_and_a_bad_name_is_refused(tmp_path: Path) -> None:
@@ -244,11 +244,11 @@ def test_a_damaged_position_is_loud_and_a_bad_name_is_refused(tmp_path: Path) ->
     write(lg, 0, 5)
     g = persistlog.consumers(url)
     g.add("x", on_batch=Collect())
-    path = tmp_path / "log" / "CONSUMER-x"
+    path = tmp_path / "log" / "consumers" / "x"
     data = bytearray(path.read_bytes())
     data[20] ^= 1
     path.write_bytes(bytes(data))
-    with pytest.raises(persistlog.CorruptLogError, match="CONSUMER-x"):
+    with pytest.raises(persistlog.CorruptLogError, match="consumer 'x' is damaged"):
         persistlog.consumers(url).add("x", on_batch=Collect())
     for bad in ("", "a/b", "-x", "x" * 65, "é"):
         with pytest.raises(ValueError, match="bad consumer name"):
@@ -350,14 +350,16 @@ def test_sigkill_redelivers_only_what_was_not_committed(tmp_path: Path) -> None:
     assert any(stored[n].next_lsn <= total for n in names)
 
 
-def test_positions_are_small_files_at_the_destination(place: Where) -> None:
+def test_positions_are_small_files_beside_the_log_out_of_its_listing(place: Where) -> None:
     lg = persistlog.open(place.url, no_state, storage_options=place.so, **STREAM, **place.open_options)
     write(lg, 0, 3)
     g = group_at(place)
     c = g.add("one", on_batch=Collect())
-    dest = open_destination(place.url, **(place.so or {}))
-    assert dest.size("CONSUMER-one") == F.CONSUMER_SIZE
+    positions = open_destination(place.url + "/consumers", **(place.so or {}))
+    assert positions.list() == ["one"] and positions.size("one") == F.CONSUMER_SIZE
+    # What every reader of the log polls does not grow with the consumers.
+    assert not [n for n in open_destination(place.url, **(place.so or {})).list() if "one" in n]
     assert c.committed is not None and g.registered() == {"one": c.committed}
     g.remove("one", forget=True)
-    assert "CONSUMER-one" not in dest.list()
+    assert positions.list() == [] and g.registered() == {}
     lg.close()
