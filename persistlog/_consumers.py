@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
@@ -153,6 +153,16 @@ class Consumer:
         """Block until this consumer has every record the group's poller found; False on
         timeout. Raises what stopped this consumer or the group."""
         return self._group.wait_caught_up(timeout, self)
+
+    def __aiter__(self) -> AsyncIterator[FollowedBatch]:
+        """``async for batch in consumer`` over a consumer made by
+        :meth:`ConsumerGroup.add_async`: its position moves past a batch when the loop
+        asks for the next one; leaving the loop stops it before the batch it was in."""
+        from ._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+
+        if not isinstance(self._handler, LoopHandoff):
+            raise TypeError(f"consumer {self.name!r} has a handler; ConsumerGroup.add_async() makes one to iterate")
+        return self._handler.batches()
 
     def __repr__(self) -> str:
         state = f"stopped by {type(self.error).__name__}" if self.error is not None else "live"
@@ -300,8 +310,16 @@ class ConsumerGroup:
         ``on_reset(reason)`` is called when what its position needs was deleted; the
         consumer then starts again from the newest complete log.
         """
+        return self._add(name, _handler(replay, replay_batch, on_batch), on_reset, position)
+
+    def _add(
+        self,
+        name: str,
+        handler: Callable[[FollowedBatch], Any],
+        on_reset: Callable[[str], Any] | None,
+        position: Cursor | str | dict[str, Any] | None,
+    ) -> Consumer:
         check_consumer_name(name)
-        handler = _handler(replay, replay_batch, on_batch)
         if on_reset is not None and not callable(on_reset):
             raise TypeError("on_reset must be callable with the reason, a str")
         start = _as_position(position)
@@ -321,6 +339,26 @@ class ConsumerGroup:
         self._changed.set()
         log.info("consumer %r of %s starts at %s", name, self.url, start)
         return consumer
+
+    def add_async(
+        self,
+        name: str,
+        *,
+        on_reset: Callable[[str], Any] | None = None,
+        position: Cursor | str | dict[str, Any] | None = None,
+    ) -> Consumer:
+        """Add the consumer ``name`` to iterate from the running event loop: ``async for
+        batch in consumer`` (a :class:`FollowedBatch` each). It starts, resumes and
+        commits as :meth:`add` says; its position moves past a batch when the loop asks
+        for the next one, so a body that raises or breaks out, or a cancelled task,
+        leaves the batch it was in to be delivered again. The group's one poller waits
+        while the loop works on a batch, as it waits for any handler. ``on_reset`` runs on
+        the poller thread. Call from a coroutine."""
+        import asyncio
+
+        from ._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+
+        return self._add(name, LoopHandoff(asyncio.get_running_loop(), self._stopping), on_reset, position)
 
     def remove(self, name: str, *, forget: bool = False) -> None:
         """Stop serving consumer ``name`` after committing its position; ``forget=True``

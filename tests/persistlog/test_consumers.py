@@ -5,6 +5,7 @@ positions' bytes (docs/FORMAT.md, "CONSUMER-<name>")."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from destinations import open_destination
 from follower_harness import Where, make_where
 from persistlog import _decoder, _encoder
 from persistlog import _format as F
+from persistlog._async_consumers import LoopClosed
 from threads import wait_until
 
 STREAM = {"rotate_bytes": None}
@@ -362,4 +364,45 @@ def test_positions_are_small_files_beside_the_log_out_of_its_listing(place: Wher
     assert c.committed is not None and g.registered() == {"one": c.committed}
     g.remove("one", forget=True)
     assert positions.list() == [] and g.registered() == {}
+    lg.close()
+
+
+def test_async_for_moves_a_position_only_past_the_batches_the_loop_finished(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, no_state, **STREAM)
+    write(lg, 0, 20)  # a batch
+    write(lg, 20, 10)  # another
+    beside = Collect()
+
+    async def first_run() -> list[int]:
+        got: list[int] = []
+        group = persistlog.consumers(url)
+        group.add("beside", on_batch=beside)
+        consumer = group.add_async("loop")
+        group.start()
+        async for batch in consumer:
+            got.extend(r["i"] for r in batch.records)
+            if batch.last_lsn == 30:
+                break  # the loop leaves this batch unfinished
+        await asyncio.sleep(0.3)  # the generator is finalized; the poller lets the batch go
+        assert isinstance(consumer.error, LoopClosed)
+        assert group["beside"].wait_caught_up(20)
+        group.stop()
+        return got
+
+    async def second_run() -> list[int]:
+        group = persistlog.consumers(url)
+        consumer = group.add_async("loop")
+        assert consumer.position is not None and consumer.position.next_lsn == 21
+        got: list[int] = []
+        with group:
+            async for batch in consumer:
+                got.extend(r["i"] for r in batch.records)
+                if batch.last_lsn == 30:
+                    break
+        return got
+
+    assert asyncio.run(first_run()) == list(range(30))
+    assert beside.items == list(range(30))
+    assert asyncio.run(second_run()) == list(range(20, 30))  # the unfinished batch again
     lg.close()
