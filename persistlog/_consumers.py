@@ -48,11 +48,12 @@ from destinations import Destination, open_destination
 from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage, parse_segment_header
-from ._errors import PersistLogError, ResetRequired
+from ._errors import DestinationError, PersistLogError, ResetRequired
 from ._follower import Cursor, FollowedBatch, Follower, follow
 from ._positions import PositionStore, check_consumer_name
 from ._reader import list_logs
 from ._restore import plan
+from ._resume import records_to_skip
 from ._runtime import runtime, weak_method
 
 log = logging.getLogger("persistlog")
@@ -80,6 +81,24 @@ def start_position(dest: Destination) -> Cursor | None:
     except (Damage, OSError):
         return None  # the follower's own start (a restore) reports what is wrong
     return Cursor(p.start, 0, 0, first)
+
+
+def check_position(dest: Destination, position: Cursor) -> None:
+    """Raise ``ValueError`` if ``position`` (handed in by the app) is no place in the log:
+    not a batch boundary, or an LSN that is not due there. A segment that is gone is left
+    to the poller (a reset), as is damage (the poller reports it)."""
+    name = F.segment_name(position.log, position.segment)
+    try:
+        if position.offset:
+            records_to_skip(dest, position.log, position.segment, position.offset, position.next_lsn)
+            return
+        first = parse_segment_header(dest.read(name, 0, F.SEGMENT_HEADER_SIZE)).first_lsn
+    except (FileNotFoundError, Damage):
+        return
+    except OSError as e:
+        raise DestinationError(f"cannot read {dest.url}/{name}: {e}") from e
+    if first != position.next_lsn:
+        raise ValueError(f"position {position}: {name} starts at LSN {first}, not {position.next_lsn}")
 
 
 def _as_position(value: Cursor | str | dict[str, Any] | None) -> Cursor | None:
@@ -306,7 +325,9 @@ class ConsumerGroup:
         (a :class:`FollowedBatch`, whose ``cursor`` is the position after it: what an app
         keeping positions itself stores). Where it starts: ``position`` if given (a
         :class:`Cursor`, its ``str()`` or ``to_dict()``), else its stored position, else
-        the start of the newest complete log (stored at once, which registers it).
+        the start of the newest complete log (stored at once, which registers it). A
+        ``position`` that is no place in the log (not a batch boundary, or an LSN not due
+        there) raises ``ValueError``.
         ``on_reset(reason)`` is called when what its position needs was deleted; the
         consumer then starts again from the newest complete log.
         """
@@ -323,6 +344,8 @@ class ConsumerGroup:
         if on_reset is not None and not callable(on_reset):
             raise TypeError("on_reset must be callable with the reason, a str")
         start = _as_position(position)
+        if start is not None:
+            check_position(self.dest, start)
         stored = self.positions.read(name) if self.store_positions else None
         committed = stored.cursor if stored is not None else None
         if start is None:

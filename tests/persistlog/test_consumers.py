@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 import persistlog
 from child_scripts import Proc
 from destinations import open_destination
-from follower_harness import Where, make_where
+from follower_harness import Where, drain, make_where
+from hypothesis_profiles import active_profile
 from persistlog import _decoder, _encoder
 from persistlog import _format as F
 from persistlog._async_consumers import LoopClosed
@@ -257,6 +258,11 @@ def test_a_damaged_position_is_loud_and_a_bad_name_is_refused(tmp_path: Path) ->
             g.add(bad, on_batch=Collect())
     with pytest.raises(TypeError, match="one of replay="):
         g.add("y")
+    with pytest.raises(ValueError, match="starts at LSN 1, not 2"):
+        g.add("y", on_batch=Collect(), position="1:0:0:2")
+    with pytest.raises(ValueError, match="not a batch boundary"):
+        g.add("y", on_batch=Collect(), position="1:0:41:1")
+    assert "y" not in g
     with pytest.raises(ValueError, match="retain_max_logs"):
         persistlog.open(str(tmp_path / "other"), no_state, retain=3, retain_max_logs=2)
     lg.close()
@@ -406,3 +412,45 @@ def test_async_for_moves_a_position_only_past_the_batches_the_loop_finished(tmp_
     assert beside.items == list(range(30))
     assert asyncio.run(second_run()) == list(range(20, 30))  # the unfinished batch again
     lg.close()
+
+
+@active_profile(max_examples=12)
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+       starts=st.lists(st.integers(0, 120), min_size=1, max_size=5),
+       joins=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_every_consumer_gets_exactly_the_records_after_its_position(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], starts: list[int], joins: list[bool]
+) -> None:
+    """Invariant: whatever positions the consumers start at, and whether they join before
+    the poller starts or while it runs, each gets every record after its position once, in
+    order, and nothing before it."""
+    url = str(tmp_path_factory.mktemp("prop") / "log")
+    lg = persistlog.open(url, no_state, **STREAM)
+    first = 0
+    for size in sizes:
+        write(lg, first, size)  # one batch each
+        first += size
+    total = first
+    # The batches as a follower gives them: their record_cursor() is what an app stores.
+    batches = list(drain(persistlog.follow(url), total))
+    got = [Collect() for _ in starts]
+    wanted = []
+    group = persistlog.consumers(url, poll_interval=0.005, store_positions=False)
+    late = []
+    for i, start in enumerate(starts):
+        # After `done` records: the log's start, or a record's cursor (a batch boundary
+        # after a batch's last record, else inside the batch).
+        done = min(start, total)
+        cursor = persistlog.Cursor(1, 0, 0, 1) if not done else next(
+            fb for fb in batches if fb.first_lsn <= done <= fb.last_lsn).record_cursor(done)
+        wanted.append(list(range(cursor.next_lsn - 1, total)))
+        (late if joins[i] else []).append((i, cursor))
+        if not joins[i]:
+            group.add(f"c{i}", on_batch=got[i], position=cursor)
+    with group:
+        for i, cursor in late:
+            group.add(f"c{i}", on_batch=got[i], position=cursor)
+        assert group.wait_caught_up(30)
+    lg.close()
+    for i, c in enumerate(got):
+        assert c.items == wanted[i], (i, starts[i])
