@@ -113,8 +113,8 @@ class Readers:
 
 def _log_with(url: str, n: int) -> persistlog.Log:
     lg = persistlog.open(url, no_enumeration, rotate_bytes=None)
-    records = small_records(n)
-    lg.update_many(records)
+    for record in small_records(n):
+        lg.update(record)  # batches of the writer's ~1 MiB, as an app writes them
     lg.sync()
     return lg
 
