@@ -524,6 +524,7 @@ class ConsumerGroup:
                     # ValueError: the follower found the slowest position is no place in
                     # the log (handlers' own errors never get here: _offer keeps them).
                     self._reset_behind(follower, str(e))
+                    self._stopping.wait(self.poll_interval or 0.25)  # never a busy loop of resets
                 finally:
                     follower.stop()
         except BaseException as e:
@@ -563,7 +564,11 @@ class ConsumerGroup:
             return
         if self.commit_interval == 0:
             for consumer in took:
-                consumer.commit()
+                try:
+                    consumer.commit()
+                except PersistLogError as e:  # the commit job tries again
+                    log.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
+                    self._commits.run_at(time.monotonic() + COMMIT_INTERVAL)
         elif self.commit_interval is not None and not self._commit_armed:
             self._commit_armed = True
             self._commits.run_at(time.monotonic() + self.commit_interval)
@@ -578,9 +583,9 @@ class ConsumerGroup:
             except PersistLogError as e:
                 failed = True
                 log.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
-        if failed and self.commit_interval:
+        if failed:
             self._commit_armed = True
-            return time.monotonic() + self.commit_interval
+            return time.monotonic() + (self.commit_interval or COMMIT_INTERVAL)
         return None
 
     def _reset_behind(self, follower: Follower, why: str) -> None:

@@ -6,7 +6,9 @@ positions' bytes (docs/FORMAT.md, "CONSUMER-<name>")."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import uuid
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 import persistlog
 from child_scripts import Proc
 from destinations import open_destination
+from faults import FaultPlan
 from follower_harness import Where, drain, make_where
 from hypothesis_profiles import active_profile
 from persistlog import _decoder, _encoder
@@ -454,3 +457,23 @@ def test_every_consumer_gets_exactly_the_records_after_its_position(
     lg.close()
     for i, c in enumerate(got):
         assert c.items == wanted[i], (i, starts[i])
+
+
+@pytest.mark.parametrize("interval", [0.05, 0])
+def test_a_failed_commit_is_retried_and_stops_nobody(clean_memory_fs: None, interval: float) -> None:
+    plan = FaultPlan()
+    so = {"target_protocol": "memory", "faults": plan}
+    url = f"faulty://c{uuid.uuid4().hex[:8]}/log"
+    lg = persistlog.open(url, no_state, storage_options=so, rotate_bytes=None, flush_interval=0.02)
+    write(lg, 0, 40)
+    lg.close()
+    got = Collect()
+    group = persistlog.consumers(url, storage_options=so, commit_interval=interval, poll_interval=0.02)
+    group.add("c", on_batch=got)  # registered: its first commit went through
+    plan.fail("pipe_file", nth=plan.calls["pipe_file"] + 1, times=2, error=errno.EIO)  # the next two
+    with group:
+        assert group.wait_caught_up(20)
+        wait_until(lambda: group.registered().get("c") == group["c"].position, timeout=20)
+    assert ("pipe_file", plan.calls["pipe_file"]) not in plan.fired  # the last one went through
+    assert len([f for f in plan.fired if f[0] == "pipe_file"]) == 2
+    assert group.error is None and group["c"].error is None and got.items == list(range(40))
