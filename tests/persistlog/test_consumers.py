@@ -154,26 +154,26 @@ def test_a_handler_that_raises_stops_its_consumer_only(tmp_path: Path) -> None:
     assert persistlog.consumers(url).registered()["bad"] == broken.committed
 
 
-def test_retention_keeps_what_a_registered_consumer_has_not_read(tmp_path: Path) -> None:
-    url = str(tmp_path / "log")
-    lg = persistlog.open(url, no_state, **STREAM, retain=1, keep_for_consumers=True)
+def test_retention_keeps_what_a_registered_consumer_has_not_read(place: Where) -> None:
+    lg = persistlog.open(place.url, no_state, storage_options=place.so, **STREAM, **place.open_options,
+                         retain=1, keep_for_consumers=True)
     write(lg, 0, 10)
-    g = persistlog.consumers(url)
+    g = group_at(place)
     g.add("offline", on_batch=Collect())  # registered at log 1, then gone for a while
     for n in range(1, 5):
         write(lg, n * 10, 10)
         lg.rotate()
-    wait_until(lambda: lg.stats()["rotating"] is False)
-    seqs = sorted({int(n[:20]) for n in os.listdir(url) if n.endswith(".plog")})
-    assert seqs[0] == 1, seqs
+    assert place.log_seqs() == [1, 2, 3, 4, 5]
     back = Collect()
-    with persistlog.consumers(url) as g2:
+    with group_at(place) as g2:
         c = g2.add("offline", on_batch=back, on_reset=lambda why: pytest.fail(why))
         assert c.wait_caught_up(20)
     assert back.items == list(range(50))
-    # Read and committed: the next rotation deletes what it no longer needs.
+    # Read and committed: the next rotation deletes what it no longer needs, which is
+    # everything before log 4, where its position is (after log 4's last record).
+    assert c.committed is not None and c.committed.log == 4
     lg.rotate()
-    wait_until(lambda: min(int(n[:20]) for n in os.listdir(url) if n.endswith(".plog")) > 1)
+    assert place.log_seqs() == [4, 5, 6]
     lg.close()
 
 
