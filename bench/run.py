@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import async_log
+import consumers
 import core
 import follower
 import logset
@@ -38,6 +39,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    "consumers": consumers.BENCHMARKS,
     "shapes": shapes.BENCHMARKS,
     "asyncio": async_log.BENCHMARKS,
     # logset.spark runs with the Spark benchmarks (full runs, --spark, --only logset).

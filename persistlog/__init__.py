@@ -14,6 +14,7 @@ See README.md for the guarantees of each durability mode and docs/FORMAT.md for 
 from ._api import OpenOptions, StoreOptions, open, restore
 from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
+from ._consumers import Consumer, ConsumerGroup, consumers
 from ._errors import (
     CodecError,
     CorruptLogError,
@@ -53,6 +54,8 @@ __all__ = [
     "AsyncLog",
     "Codec",
     "CodecError",
+    "Consumer",
+    "ConsumerGroup",
     "CorruptLogError",
     "Cursor",
     "DestinationError",
@@ -84,6 +87,7 @@ __all__ = [
     "StoreOptions",
     "TornTail",
     "WriterConflict",
+    "consumers",
     "follow",
     "open",
     "open_async",

@@ -23,6 +23,7 @@ from ._handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._log import Log, LogSettings, destination_at, release_writer_lock
 from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
+from ._retention import Retention
 from ._rotation import EnumerateAll
 from ._seek import lsn_at_time, utc_micros
 from ._segment_writer import fence_newest_log
@@ -45,6 +46,9 @@ class StoreOptions(TypedDict, total=False):
     rotate_records: int | None
     rotate_interval: float | None
     retain: int
+    retain_seconds: float | None
+    retain_max_logs: int | None
+    keep_for_consumers: bool
     rotate_on_signal: int | None
     metadata: Any
     codec: Codec | None
@@ -171,6 +175,9 @@ def open(
     rotate_records: int | None = None,
     rotate_interval: float | None = None,
     retain: int = 2,
+    retain_seconds: float | None = None,
+    retain_max_logs: int | None = None,
+    keep_for_consumers: bool = False,
     rotate_on_signal: int | None = None,
     metadata: Any = None,
     codec: Codec | None = None,
@@ -224,7 +231,12 @@ def open(
     ``signal.SIGUSR1``; main thread only; the previous handler is restored on close). A
     log ends within about one batch (``batch_bytes``) of its size or count trigger; one
     crossed while the log's own enumeration is still written fires when it ends. ``retain`` complete
-    logs are kept (minimum 1). ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
+    logs are kept (minimum 1), and older ones as well: those a registered consumer
+    (:func:`persistlog.consumers`) has not read, with ``keep_for_consumers=True`` (the
+    stored positions are read at each retention), and those holding records younger than
+    ``retain_seconds``; ``retain_max_logs`` caps the logs kept in all (at least
+    ``retain``), so that a consumer that stopped reading cannot fill the storage: past it
+    the oldest go, and that consumer resets. ``durability`` is ``"buffered"``, ``"flush"`` or ``"fsync"``.
     ``compression`` is None, ``"gzip"`` or ``"zstd"`` (per batch). ``secondaries`` are
     more destinations (URLs or ``(url, storage_options)`` pairs) that receive every record
     through their own writer threads; ``storage_options`` apply to the primary.
@@ -264,8 +276,7 @@ def open(
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
-    if not isinstance(retain, int) or isinstance(retain, bool) or retain < 1:
-        raise ValueError(f"retain must be an integer >= 1, not {retain!r}")
+    retention = Retention(retain, keep_for_consumers, retain_seconds, retain_max_logs)
     for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
@@ -371,7 +382,7 @@ def open(
         rotate_bytes=rotate_bytes,
         rotate_records=rotate_records,
         rotate_interval=rotate_interval,
-        retain=retain,
+        retention=retention,
         on_error=on_error,
         secondaries=secondaries or [],
         rotate_on_signal=rotate_on_signal,

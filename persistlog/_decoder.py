@@ -331,6 +331,20 @@ def parse_closed_note(buf: bytes) -> tuple[int, int] | None:
     return int(seq), int(next_lsn)
 
 
+def parse_consumer_position(buf: bytes) -> tuple[int, int, int, int, int] | None:
+    """``(seq, segment, offset, next_lsn, committed_us)`` a consumer's position file holds;
+    None if it is damaged in any way."""
+    if len(buf) != F.CONSUMER_SIZE:
+        return None
+    body = buf[: F.CONSUMER.size]
+    magic, version, _reserved, seq, segment, offset, next_lsn, committed_us = F.CONSUMER.unpack(body)
+    if magic != F.CONSUMER_MAGIC or version != F.FORMAT_VERSION:
+        return None
+    if F.U32.unpack_from(buf, F.CONSUMER.size)[0] != _crc32(body):
+        return None
+    return int(seq), int(segment), int(offset), int(next_lsn), int(committed_us)
+
+
 def parse_pointer(buf: bytes) -> int | None:
     """The seq CURRENT names, or None if the pointer is damaged in any way."""
     if len(buf) != F.POINTER_SIZE:

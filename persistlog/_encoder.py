@@ -91,6 +91,13 @@ def pointer(seq: int) -> bytes:
     return head + F.U32.pack(_crc32(head))
 
 
+def consumer_position(seq: int, segment: int, offset: int, next_lsn: int, committed_us: int) -> bytes:
+    """consumers/<name>: a consumer resumes at byte ``offset`` of segment ``segment`` of log
+    ``seq``, where LSN ``next_lsn`` is due; committed at ``committed_us``."""
+    head = F.CONSUMER.pack(F.CONSUMER_MAGIC, F.FORMAT_VERSION, 0, seq, segment, offset, next_lsn, committed_us)
+    return head + F.U32.pack(_crc32(head))
+
+
 def closed_note(seq: int, next_lsn: int) -> bytes:
     """CLOSED: a clean close sealed log ``seq``, which ends before ``next_lsn``."""
     head = F.CLOSED.pack(F.CLOSED_MAGIC, F.FORMAT_VERSION, 0, seq, next_lsn)

@@ -13,7 +13,7 @@
     ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
-    ├── ResetRequired          a follower's cursor points at data retention already deleted
+    ├── ResetRequired          a follower's cursor (a consumer's position) points at data retention already deleted
     ├── PositionError          an LSN or time the logs do not hold: before retention, past the end (also a ValueError)
     ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
     └── LogSetError            a LogSet's root holds something else, or a set of another depth
@@ -163,8 +163,9 @@ class MissingDependencyError(PersistLogError, ImportError):
 
 
 class ResetRequired(PersistLogError):
-    """A follower cannot continue from its cursor (retention deleted what it needs, or the
-    cursor is ahead of the log) and no ``on_reset`` hook was given."""
+    """A follower cannot continue from its cursor, or a named consumer from its position
+    (retention deleted what it needs, or the cursor is ahead of the log), and no
+    ``on_reset`` hook was given."""
 
 
 class PositionError(PersistLogError, ValueError):

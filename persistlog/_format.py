@@ -36,6 +36,12 @@ CLOSED_MAGIC = b"PLOGCLSD"
 CLOSED = struct.Struct("<8sHHQQ")
 CLOSED_SIZE = CLOSED.size + 4  # 32
 
+# consumers/<name>, a named consumer's committed position: magic, version, reserved, log seq,
+# segment number, byte offset, next LSN, commit time (µs since the Unix epoch), CRC-32.
+CONSUMER_MAGIC = b"PLOGCONS"
+CONSUMER = struct.Struct("<8sHHQIQQq")
+CONSUMER_SIZE = CONSUMER.size + 4  # 52
+
 # LOGSET, the marker at the root of a log set: magic, marker version, depth, reserved,
 # CRC-32. Its version is the set's layout (how keys become shard and directory names).
 LOG_SET_MAGIC = b"PLOGLSET"
@@ -96,6 +102,12 @@ CLOSED_NAME = "CLOSED"
 # A new writer's request that the live writer hand the log over (one line of JSON).
 HANDOVER_NAME = "HANDOVER"
 HANDOVER_MAX_BYTES = 4096
+# The directory of the consumers' positions, inside the destination: its files stay out of
+# the listings every reader of the log polls.
+CONSUMERS_DIR = "consumers"
+# A consumer's name: a letter or digit, then up to 63 letters, digits, "_", "." or "-", so
+# that it is a plain file name and object key everywhere (never a temporary file's name).
+CONSUMER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SEGMENT_NAME = re.compile(r"^(\d{20})-(\d{10})\.plog$")
 SEQ_DIGITS = 20
 SEGMENT_DIGITS = 10

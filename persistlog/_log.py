@@ -55,6 +55,7 @@ from ._errors import DestinationError, HandedOver, LogClosedError, LogFailedErro
 from ._group_commit import GroupCommit
 from ._handover import HandoverRequest, HandoverWatch
 from ._restore import RestoreResult
+from ._retention import Retention
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._runtime import runtime, weak_method
 from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
@@ -182,7 +183,7 @@ class Log:
         rotate_bytes: int | None,
         rotate_records: int | None,
         rotate_interval: float | None,
-        retain: int,
+        retention: Retention,
         on_error: Callable[[BaseException], None] | None,
         secondaries: Sequence[SecondaryEntry],
         rotate_on_signal: int | None,
@@ -307,7 +308,7 @@ class Log:
                 rotate_bytes=rotate_bytes,
                 rotate_records=rotate_records,
                 rotate_interval=rotate_interval,
-                retain=retain,
+                retention=retention,
                 on_error=on_error,
                 known_complete=complete_logs,
                 on_complete=self._on_complete,
@@ -1031,7 +1032,7 @@ class Log:
             dest,
             writer_id=self.writer_id,
             segment_bytes=self.settings.segment_bytes,
-            retain=self._rotator.retain,
+            retention=self._rotator.retention,
             flush_interval=self.settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
             lease_ttl=self._lease_ttl,
             # Weakly, like the Log's jobs: a Log nobody holds is collected (and

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import _format as F
 from ._codec import records_list
 from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
-from ._retention import apply_retention
+from ._retention import Retention, apply_retention
 from ._runtime import Runtime, weak_method
 from ._segment_writer import move_pointer
 
@@ -167,7 +167,7 @@ class Rotator:
         rotate_bytes: int | None,
         rotate_records: int | None,
         rotate_interval: float | None,
-        retain: int,
+        retention: Retention,
         on_error: Callable[[BaseException], None] | None,
         known_complete: list[int],
         on_complete: Callable[[int, int], None] | None = None,
@@ -187,7 +187,7 @@ class Rotator:
         self.rotate_bytes = rotate_bytes
         self.rotate_records = rotate_records
         self.rotate_interval = rotate_interval
-        self.retain = retain
+        self.retention = retention
         self.on_error = on_error
         self.on_complete = on_complete
         self.known_complete = list(known_complete)
@@ -565,7 +565,7 @@ class Rotator:
             log.warning("retention at %s postponed: CURRENT was not moved", self.lg.dest.url)
             return
         try:
-            apply_retention(self.lg.dest, self.known_complete, self.retain, self.lg.seq)
+            apply_retention(self.lg.dest, self.known_complete, self.retention, self.lg.seq)
         except BaseException as e:  # the rotation job must outlive anything retention meets
             log.warning("retention at %s failed (will retry after the next rotation): %s", self.lg.dest.url, e)
 

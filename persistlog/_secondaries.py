@@ -43,7 +43,7 @@ from . import _format as F
 from ._errors import WriterConflict
 from ._reader import end_of_logs, header_record, list_logs
 from ._restore import reach
-from ._retention import apply_retention
+from ._retention import Retention, apply_retention
 from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
@@ -86,7 +86,7 @@ class Secondary:
         *,
         writer_id: str,
         segment_bytes: int,
-        retain: int,
+        retention: Retention,
         flush_interval: float,
         queue_batches: int = QUEUE_BATCHES,
         lease_ttl: float = LEASE_TTL,
@@ -96,7 +96,7 @@ class Secondary:
         self.dest = dest
         self.writer_id = writer_id
         self.segment_bytes = segment_bytes
-        self.retain = retain
+        self.retention = retention
         self.flush_interval = flush_interval
         self.on_ready = on_ready
         self.queue: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=queue_batches)
@@ -507,7 +507,7 @@ class Secondary:
                 self.complete_seq = seq
                 self._changed.notify_all()
             if moved:  # as on the primary: old logs go only after the pointer moved
-                apply_retention(self.dest, self._known_complete, self.retain, seq)
+                apply_retention(self.dest, self._known_complete, self.retention, seq)
 
     def _after_gap(self, header_batch: bytes, first: int) -> bytes:
         """The log header, saying that this log does not continue the one before it here."""

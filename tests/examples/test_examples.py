@@ -307,6 +307,7 @@ def test_rolling_deploy_hands_over_between_generations_losing_nothing(tmp_path: 
     persistlog.restore(str(tmp_path / "counters"), replay=lambda r: counters.__setitem__(r["key"], r["value"]))
     assert sum(counters.values()) == int(m.group(1))
 
+
 # -- history.py -----------------------------------------------------------------------------
 
 
@@ -331,3 +332,24 @@ def test_history_shows_a_range_and_the_state_at_an_lsn(tmp_path: Path, run_examp
     assert too_far.returncode == 2 and "past the end" in too_far.stderr
     demo = run_example("history.py", "--updates", "120")
     assert demo.returncode == 0 and "state as of LSN" in demo.stdout, demo.stderr
+# -- consumers.py ---------------------------------------------------------------------------
+
+
+def test_consumers_each_get_every_message_and_the_killed_one_resumes(tmp_path: Path, run_example: Any) -> None:
+    url = str(tmp_path / "stream")
+    proc = run_example("consumers.py", url, "--messages", "2000", "--consumers", "billing,analytics,archive")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every consumer has every message" in proc.stdout
+    assert "analytics: killed (SIGKILL)" in proc.stdout
+    # It started twice: the second time after its committed position, not from the start.
+    starts = re.findall(r"analytics: starting at (\S+)", proc.stdout)
+    assert len(starts) == 2 and persistlog.Cursor.parse(starts[1]).next_lsn > 1
+    for name in ("billing", "analytics", "archive"):
+        seqs = [int(line.split()[0]) for line in (tmp_path / "stream.out" / f"{name}.delivered").read_text().splitlines()]
+        assert set(seqs) == set(range(2000)), name
+        assert re.search(rf"{name}: 2000 messages from #0, \d+ delivered again after a crash, 0 missing", proc.stdout)
+    # What a consumer got twice is only what it delivered after its last commit: one run.
+    analytics = [int(line.split()[0]) for line in (tmp_path / "stream.out" / "analytics.delivered").read_text().splitlines()]
+    restart = next((i for i in range(1, len(analytics)) if analytics[i] <= analytics[i - 1]), len(analytics))
+    assert analytics[:restart] == list(range(restart))
+    assert analytics[restart:] == list(range(analytics[restart], 2000)) if restart < len(analytics) else True

@@ -42,6 +42,7 @@ def table_rows(text: str) -> list[tuple[int, int, str]]:
         ("Seal trailer", F.TRAILER_SIZE),
         ("CURRENT", F.POINTER_SIZE),
         ("CLOSED", F.CLOSED_SIZE),
+        ("consumers/<name>", F.CONSUMER_SIZE),
         ("LOGSET", F.LOG_SET_SIZE),
     ],
 )
@@ -68,6 +69,7 @@ def test_struct_fields_have_the_widths_the_tables_give() -> None:
         ("Seal trailer", F.TRAILER),
         ("CURRENT", F.POINTER),
         ("CLOSED", F.CLOSED),
+        ("consumers/<name>", F.CONSUMER),
         ("LOGSET", F.LOG_SET),
     ):
         rows = table_rows(section(title))
@@ -81,6 +83,7 @@ def test_magics() -> None:
     assert f"magic `{F.POINTER_MAGIC.decode()}`" in DOC
     assert f"magic `{F.CLOSED_MAGIC.decode()}`" in DOC
     assert f"magic `{F.LOG_SET_MAGIC.decode()}`" in DOC
+    assert f"magic `{F.CONSUMER_MAGIC.decode()}`" in DOC
     assert f"marker `50 42` (`{F.BATCH_MARKER.decode()}`)" in DOC
 
 
@@ -126,6 +129,25 @@ def test_the_closed_note_is_what_the_table_says() -> None:
     assert int.from_bytes(note[12:20], "little") == 7 and int.from_bytes(note[20:28], "little") == 1234
     assert parse_closed_note(note) == (7, 1234)
     assert parse_closed_note(note[:-1] + bytes([note[-1] ^ 1])) is None
+
+
+def test_a_consumer_position_is_what_the_table_says() -> None:
+    from persistlog._decoder import parse_consumer_position
+
+    buf = _encoder.consumer_position(7, 3, 4096, 1234, 1_700_000_000_000_000)
+    assert len(buf) == F.CONSUMER_SIZE and buf[:8] == F.CONSUMER_MAGIC
+    fields = {name: (offset, size) for offset, size, name in table_rows(section("consumers/<name>"))}
+
+    def at(prefix: str) -> int:
+        offset, size = next(v for k, v in fields.items() if k.startswith(prefix))
+        return int.from_bytes(buf[offset:offset + size], "little", signed=prefix == "commit time")
+    assert (at("seq of the log"), at("segment number"), at("byte offset"), at("LSN due")) == (7, 3, 4096, 1234)
+    assert at("commit time") == 1_700_000_000_000_000
+    assert parse_consumer_position(buf) == (7, 3, 4096, 1234, 1_700_000_000_000_000)
+    text = " ".join(section("consumers/<name>").split())
+    assert F.CONSUMER_NAME.pattern == r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+    assert "a letter or digit, then up to 63 letters, digits, `_`, `.` or `-`" in text
+    assert f"`{F.CONSUMERS_DIR}/` directory" in section("consumers/<name>")
 
 
 def test_version_and_first_numbers() -> None:
