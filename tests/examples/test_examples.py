@@ -332,6 +332,8 @@ def test_history_shows_a_range_and_the_state_at_an_lsn(tmp_path: Path, run_examp
     assert too_far.returncode == 2 and "past the end" in too_far.stderr
     demo = run_example("history.py", "--updates", "120")
     assert demo.returncode == 0 and "state as of LSN" in demo.stdout, demo.stderr
+
+
 # -- consumers.py ---------------------------------------------------------------------------
 
 
