@@ -126,7 +126,11 @@ def test_without_handover_the_conflict_names_the_option(tmp_path: Path) -> None:
             persistlog.open(url, lambda emit: None)
 
 
-def test_two_writers_asking_at_once_one_takes_over_the_other_gets_writer_conflict(tmp_path: Path) -> None:
+def test_two_writers_asking_at_once_never_share_the_log(tmp_path: Path) -> None:
+    """Two new processes ask at once. Either one takes the log and the other gets
+    WriterConflict (both asked the old writer), or the second asks the first, which by
+    then holds it, and the log is handed over twice; either way every acknowledged update
+    restores and the writers held the log one after another."""
     cfg = _config("local", tmp_path, None, "flush")
     old = _writer(cfg, tmp_path, "old")
     a = b = None
@@ -134,21 +138,22 @@ def test_two_writers_asking_at_once_one_takes_over_the_other_gets_writer_conflic
         old.wait_for("acknowledgements", lambda: old.count("A ") >= 100, 60)
         a = _writer(cfg, tmp_path, "a", count=50, open={**cfg["open"], "handover_timeout": 20})
         b = _writer(cfg, tmp_path, "b", count=50, open={**cfg["open"], "handover_timeout": 20})
-        assert a.wait(60) == 0 and b.wait(60) == 0, a.stderr() + b.stderr()
+        codes = (a.wait(60), b.wait(60))
         assert old.wait(30) == 3
-        outcomes = sorted(w.lines[0][:1] for w in (a, b))
-        assert outcomes == ["O", "W"], (a.lines[:2], b.lines[:2])
-        loser = a if a.lines[0].startswith("W") else b
-        assert "another process" in loser.lines[0], loser.lines[0]
+        firsts = sorted(w.lines[0][:1] for w in (a, b))
+        if firsts == ["O", "W"]:
+            assert codes == (0, 0), (a.lines[-2:], b.lines[-2:])
+            loser = a if a.lines[0].startswith("W") else b
+            assert "another process" in loser.lines[0], loser.lines[0]
+        else:
+            assert firsts == ["O", "O"], (a.lines[:2], b.lines[:2])
+            handed = [w for w, code in zip((a, b), codes) if code == 3]
+            assert len(handed) <= 1 and all("HandedOver" in w.lines[-1] for w in handed), (a.lines[-2:], b.lines[-2:])
     finally:
         for w in (old, a, b):
             if w is not None:
                 w.close()
-    state = _restored(cfg)
-    _check_every_acknowledged_update_restores(state, (old, "old"), (a, "a"), (b, "b"))
-    assert not [k for k in state if k.startswith(("a.", "b."))] or not (
-        [k for k in state if k.startswith("a.")] and [k for k in state if k.startswith("b.")]
-    ), "both askers wrote"
+    _check_every_acknowledged_update_restores(_restored(cfg), (old, "old"), (a, "a"), (b, "b"))
 
 
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
