@@ -27,6 +27,7 @@ from ._errors import (
     LogSetError,
     MissingDependencyError,
     PersistLogError,
+    QuotaExceeded,
     ResetRequired,
     WriterConflict,
 )
@@ -37,6 +38,7 @@ from ._log_set import LogSet, LogSetOptions
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._secondaries import SecondaryLag
+from ._queue import Message, Queue
 from ._store import ResourceStore
 from ._version import package_version
 
@@ -65,9 +67,12 @@ __all__ = [
     "LogSet",
     "LogSetError",
     "LogSetOptions",
+    "Message",
     "MissingDependencyError",
     "OpenOptions",
     "PersistLogError",
+    "Queue",
+    "QuotaExceeded",
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",
