@@ -20,7 +20,7 @@ from typing import Any
 from destinations import Destination
 
 from . import _format as F
-from ._decoder import Damage, parse_segment_header
+from ._decoder import Damage, check_payload, parse_batch_header, parse_segment_header
 from ._errors import CorruptLogError, DestinationError
 from ._reader import Batch, LogScanner, list_logs
 
@@ -73,6 +73,9 @@ class RecordReader:
         """The record at ``lsn``. :class:`RecordNotWritten` if storage does not hold it
         even after ``written()``; :class:`CorruptLogError` for damage on the way;
         :class:`DestinationError` if it cannot be read."""
+        found = self._read_on(lsn)
+        if found is not None:
+            return found[0]
         for attempt in range(3):
             try:
                 found = self._scan_for(lsn)
@@ -89,6 +92,55 @@ class RecordReader:
             else:
                 break
         raise RecordNotWritten(f"{self.dest.url} holds no record at LSN {lsn}")
+
+    # -- reading on from the cursor -----------------------------------------------------
+
+    def _read_on(self, lsn: int) -> tuple[Any] | None:
+        """The record at ``lsn`` when it lies in the cursor's segment after the cursor: the
+        batches from there decoded one after another from one read (a second for a batch
+        longer than it). None for anything else (another segment or log, a control
+        batch, the end of what is written, damage): :meth:`_scan_for` sorts that out and
+        reports damage where it is."""
+        cursor = self._cursor
+        if cursor is None or cursor[3] is None or cursor[3] > lsn:
+            return None
+        seq, segment, offset, first = cursor
+        name = F.segment_name(seq, segment)
+        base, buf = offset, b""
+        while True:
+            lo = offset - base
+            if len(buf) - lo < F.BATCH_HEADER_SIZE:
+                base, buf, lo = offset, self._read(name, offset, self._chunk), 0
+            try:
+                header = parse_batch_header(buf[lo:lo + F.BATCH_HEADER_SIZE], offset)
+            except Damage:
+                return None
+            if header.kind == F.KIND_CONTROL or header.first_lsn != first:
+                return None
+            if len(buf) - lo < header.size:
+                base, buf, lo = offset, self._read(name, offset, max(header.size, self._chunk)), 0
+                if len(buf) < header.size:
+                    return None
+            try:
+                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset)
+            except Damage:
+                return None
+            end, after = offset + header.size, first + header.count
+            if after <= lsn:
+                offset, first = end, after
+                self._cursor = (seq, segment, offset, first)
+                continue
+            batch = Batch(seq, segment, offset, header, raw)
+            self._cursor = (seq, segment, end, after) if lsn == after - 1 else (seq, segment, offset, first)
+            return (batch.records(self._loads)[lsn - first],)
+
+    def _read(self, name: str, offset: int, length: int) -> bytes:
+        try:
+            return self.dest.read(name, offset, length)
+        except FileNotFoundError:
+            return b""  # retention deleted it: the scan locates the record again
+        except OSError as e:
+            raise DestinationError(f"cannot read {self.dest.url}/{name}: {e}") from e
 
     # -- scanning ----------------------------------------------------------------------
 
@@ -115,7 +167,10 @@ class RecordReader:
                     continue
                 if batch.first_lsn > lsn:
                     raise self._corrupt(f"no record at LSN {lsn}: the batch after it starts at {batch.first_lsn}", batch)
-                self._cursor = (seq, batch.segment, batch.offset, batch.first_lsn)
+                after = batch.first_lsn + count
+                self._cursor = (
+                    (seq, batch.segment, batch.end, after) if lsn == after - 1 else (seq, batch.segment, batch.offset, batch.first_lsn)
+                )
                 return (batch.records(self._loads)[lsn - batch.first_lsn],)
             self._cursor = cursor
             st = scanner.state
