@@ -4,14 +4,16 @@ shared log for every queue whose pending messages stay in memory.
 A message broker holds thousands of queues, most of them with a few messages waiting.
 Each measurement runs in a child process of its own, so that its memory is its own:
 
-1. **fill** (``--child fill``): open ``queues`` queues in a LogSet (``durability="flush"``),
+1. **fill** (``--child fill``): open ``queues`` queues in a LogSet (``durability="flush"``,
+   ``Queue.open_many``),
    send ``pending_mb`` MB of 2 KiB messages spread evenly over them, and read the RSS over
    the interpreter's with persistlog imported (``rss_empty`` with the queues open and
    empty, ``rss_full`` with every message pending); then run send + receive + ack
    cycles round the queues for ``seconds`` (the rate is cycles, each three calls and two
    writes); then exit without closing anything (``os._exit``: what SIGKILL leaves);
-2. **restart** (``--child restart``): open every queue of the set again (each restores,
-   then writes its messages into a new log), time it, receive one message from each to
+2. **restart** (``--child restart``): open every queue of the set again
+   (``Queue.open_many``, 4 at a time: each restores, then writes its messages into a new
+   log), time it, receive one message from each to
    show it is ready to deliver, and read the RSS;
 3. **shared** (``--child shared``): the same fill and cycles with one Log for all queues
    (records ``{"q": key, ...}``) and every pending body in a dict of deques: the design
@@ -98,7 +100,7 @@ def fill_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str
     names = keys(n)
     started = time.perf_counter()
     logs = persistlog.LogSet(root, durability="flush")
-    queues = {k: persistlog.Queue.open_in(logs, k) for k in names}
+    queues = persistlog.Queue.open_many(logs, names)
     open_s = time.perf_counter() - started
     rss_empty = rss_mb() - base
     per_queue = max(1, int(pending_mb * 1e6 / MESSAGE_BYTES / n))
@@ -128,7 +130,7 @@ def restart_child(root: str, n: int) -> dict[str, Any]:
     base = rss_mb()
     started = time.perf_counter()
     logs = persistlog.LogSet(root, durability="flush")
-    queues = [persistlog.Queue.open_in(logs, k) for k in keys(n)]
+    queues = list(persistlog.Queue.open_many(logs).values())
     open_s = time.perf_counter() - started
     pending = sum(len(q) for q in queues)
     first = [q.receive() for q in queues]
@@ -136,6 +138,7 @@ def restart_child(root: str, n: int) -> dict[str, Any]:
     assert all(m is not None for m in first), "a queue lost its messages"
     rss = rss_mb() - base
     logs.close()
+    assert len(queues) == n, f"{len(queues)} queues found, {n} opened before"
     return {"queues": n, "restart_open_seconds": open_s, "restart_ready_seconds": ready_s,
             "restart_messages": pending, "restart_rss_mb": rss}
 

@@ -48,7 +48,7 @@ def serve(root: str, n: int, messages: int, seed: int) -> None:
     """The broker: fill every queue, deliver some, then work at random until killed."""
     rng = random.Random(seed)
     mailboxes = persistlog.LogSet(root, durability="flush")
-    queues = {key: persistlog.Queue.open_in(mailboxes, key) for key in recipients(n)}
+    queues = persistlog.Queue.open_many(mailboxes, recipients(n))
 
     def send(key: str) -> None:
         say("SENT", key, queues[key].send(f"{key} says hi {rng.random():.6f}".encode()))
@@ -102,7 +102,7 @@ def run(root: str, n: int, messages: int, seed: int, after: int) -> int:
 
     started = time.monotonic()
     with persistlog.LogSet(root, create=False) as mailboxes:
-        queues = {key: persistlog.Queue.open_in(mailboxes, key) for key in mailboxes.keys()}
+        queues = persistlog.Queue.open_many(mailboxes)  # every key the set holds, 4 at a time
         restart_s = time.monotonic() - started
         delivered: set[tuple[str, int]] = set()
         for key, q in queues.items():

@@ -26,7 +26,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
@@ -47,6 +48,10 @@ if TYPE_CHECKING:
     from ._log_set import LogSet
 
 log = logging.getLogger("persistlog")
+
+#: Queues :meth:`Queue.open_many` opens at once: an open waits mostly for the syncs of
+#: its new log, which overlap (4 threads open about 3x faster than 1 on a local disk).
+OPEN_THREADS = 4
 
 #: Options of :func:`persistlog.open` a Queue sets itself.
 _OWN_OPTIONS = {
@@ -223,10 +228,44 @@ class Queue:
         url = log_set.url(key)
         queue._start(
             restore,
-            lambda: log_set.open(key, queue._enumerate, **opts),
+            # Over a set default of concurrent_enumeration=True: the queue's enumeration
+            # relies on updates being held (see _enumerate).
+            lambda: log_set.open(key, queue._enumerate, concurrent_enumeration=False, **opts),
             lambda: destination_at(url, log_set.storage_options),
         )
         return queue
+
+    @classmethod
+    def open_many(
+        cls,
+        log_set: LogSet,
+        keys: Iterable[str] | None = None,
+        *,
+        threads: int = OPEN_THREADS,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
+        **options: Unpack[StoreOptions],
+    ) -> dict[str, Queue]:
+        """:meth:`open_in` for each of ``keys`` (default: every key of ``log_set``, as a
+        restart opens them), ``threads`` at a time: an open waits mostly for storage (the
+        syncs of its new log), so several overlap. Returns the queues by key. The first
+        error is raised once the others have opened; what opened stays in ``log_set``
+        (its ``close()`` closes it)."""
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ValueError(f"threads must be a positive integer, not {threads!r}")
+        names = list(log_set.keys() if keys is None else keys)
+
+        def open_one(key: str) -> Queue:
+            return cls.open_in(log_set, key, max_messages=max_messages, max_bytes=max_bytes, ttl=ttl,
+                               clock=clock, **options)
+
+        if threads == 1 or len(names) < 2:
+            return {key: open_one(key) for key in names}
+        with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="persistlog-queues") as pool:
+            futures = [pool.submit(open_one, key) for key in names]
+        return {key: f.result() for key, f in zip(names, futures)}
 
     def _options(self, options: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
         for own, why in _OWN_OPTIONS.items():

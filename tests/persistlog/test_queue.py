@@ -226,11 +226,16 @@ def test_queues_in_a_log_set_each_have_their_own_log(tmp_path: Path) -> None:
         assert set(logs.open_logs) == set(queues)
         assert logs.open_logs["ab"].settings.durability == "flush"
     assert all(q.log.closed for q in queues.values()), "the set closes its queues"
-    with persistlog.LogSet(tmp_path / "set", durability="fsync") as logs:
+    with persistlog.LogSet(tmp_path / "set", durability="fsync", concurrent_enumeration=True) as logs:
         assert sorted(logs.keys()) == ["ab", "cd", "ef/gh"]
         q = persistlog.Queue.open_in(logs, "ef/gh")
         assert q.log.settings.durability == "fsync"
         assert drain(q) == [(1, b"ef/gh")]
+        # The set's concurrent_enumeration is not the queue's: its rotations hold updates.
+        for i in range(40):
+            q.send(b"%d" % i)
+        q.rotate()
+        assert [b for _, b in drain(q)] == [b"%d" % i for i in range(40)]
         with pytest.raises(TypeError, match="storage_options"):
             persistlog.Queue.open_in(logs, "x", storage_options={})
 
@@ -246,3 +251,20 @@ def test_a_queue_on_s3_delivers_across_a_restart(s3_bucket: str, s3_storage_opti
         assert drain(q) == [(2, b"s3-1"), (3, b"s3-2"), (4, b"s3-3")]
     with persistlog.Queue.open(url, storage_options=s3_storage_options) as q:
         assert drain(q) == [(2, b"s3-1"), (3, b"s3-2"), (4, b"s3-3")]
+
+
+def test_open_many_opens_every_queue_of_a_set_several_at_a_time(tmp_path: Path) -> None:
+    keys = [f"user-{i}" for i in range(12)]
+    with persistlog.LogSet(tmp_path / "set") as logs:
+        for key in keys:
+            persistlog.Queue.open_in(logs, key).send(key.encode())
+    with persistlog.LogSet(tmp_path / "set") as logs:
+        queues = persistlog.Queue.open_many(logs, threads=4, max_messages=3)
+        assert sorted(queues) == sorted(keys)
+        assert {key: drain(q) for key, q in queues.items()} == {key: [(1, key.encode())] for key in keys}
+        assert all(q.max_messages == 3 for q in queues.values())
+        with pytest.raises(persistlog.WriterConflict):
+            persistlog.Queue.open_many(logs, ["new", "user-3"])
+        assert "new" in logs.open_logs, "what opened stays in the set"
+        with pytest.raises(ValueError, match="threads"):
+            persistlog.Queue.open_many(logs, [], threads=0)
