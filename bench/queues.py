@@ -79,6 +79,15 @@ def keys(n: int) -> list[str]:
     return [f"q{i:06d}" for i in range(n)]
 
 
+def spread(pending_mb: float, names: list[str], send: Callable[[str], Any]) -> int:
+    """Send ``pending_mb`` MB of messages round the queues ``names`` (each gets the same
+    number, give or take one); returns how many."""
+    total = max(len(names), round(pending_mb * 1e6 / MESSAGE_BYTES))
+    for i in range(total):
+        send(names[i % len(names)])
+    return total
+
+
 def _cycles(send: Callable[[str, bytes], None], take: Callable[[str], None], names: list[str], seconds: float) -> dict[str, Any]:
     """Send to a queue, then receive and acknowledge its oldest message, round the queues."""
     done = 0
@@ -103,11 +112,8 @@ def fill_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str
     queues = persistlog.Queue.open_many(logs, names)
     open_s = time.perf_counter() - started
     rss_empty = rss_mb() - base
-    per_queue = max(1, int(pending_mb * 1e6 / MESSAGE_BYTES / n))
     started = time.perf_counter()
-    for q in queues.values():
-        for _ in range(per_queue):
-            q.send(os.urandom(MESSAGE_BYTES))
+    total = spread(pending_mb, names, lambda key: queues[key].send(os.urandom(MESSAGE_BYTES)))
     fill_s = time.perf_counter() - started
     rss_full = rss_mb() - base
 
@@ -119,7 +125,7 @@ def fill_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str
 
     cycles = _cycles(lambda key, b: queues[key].send(b) and None, take, names, seconds)
     return {
-        "queues": n, "open_seconds": open_s, "messages": per_queue * n, "pending_mb": per_queue * n * MESSAGE_BYTES / 1e6,
+        "queues": n, "open_seconds": open_s, "messages": total, "pending_mb": total * MESSAGE_BYTES / 1e6,
         "fill_seconds": fill_s, "rss_base_mb": base, "rss_empty_mb": rss_empty, "rss_full_mb": rss_full, **cycles,
     }
 
@@ -162,10 +168,7 @@ def shared_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[s
         lg.update({"q": key, "op": "ack", "id": mid})
         pending[key].popleft()
 
-    per_queue = max(1, int(pending_mb * 1e6 / MESSAGE_BYTES / n))
-    for key in pending:
-        for _ in range(per_queue):
-            send(key, os.urandom(MESSAGE_BYTES))
+    spread(pending_mb, list(pending), lambda key: send(key, os.urandom(MESSAGE_BYTES)))
     rss_full = rss_mb() - base
     cycles = _cycles(send, take, list(pending), seconds)
     lg.close()

@@ -160,7 +160,9 @@ class Queue:
         self._log: Log | None = None
         self._dest: Destination | None = None
         self._reader: RecordReader | None = None
-        self._loads: Callable[[bytes], Any] = Codec().loads
+        # The open's enumeration decodes with the codec given (or a default one); after
+        # that the Log's, so that no queue keeps a Codec of its own.
+        self._loads: Callable[[bytes], Any] | None = None
         # Restoring: each replayed send by ordinal (its LSN once the restore says where
         # the replay started), and the LSN the open's first log starts at.
         self._replayed: dict[int, tuple[int, float | None, int]] = {}
@@ -274,8 +276,7 @@ class Queue:
         if "durability" not in options and "durability" not in (defaults or {}):
             options["durability"] = "flush"
         codec = options.get("codec") or (defaults or {}).get("codec")
-        if codec is not None:
-            self._loads = codec.loads
+        self._loads = (codec or Codec()).loads
         return options
 
     def _start(
@@ -301,6 +302,7 @@ class Queue:
             self._dest.close()
             raise
         self._log = lg
+        self._loads = lg.codec.loads
         self._reader = RecordReader(self._dest, self._loads, written=lg.sync)
         self.restored = result
 
@@ -353,7 +355,7 @@ class Queue:
         # caller whose update started it holds the queue's lock, and every other call
         # waits for that lock. So it reads and moves the entries without the lock.
         lsn = self._log.next_lsn if self._log is not None else self._open_lsn
-        assert self._dest is not None
+        assert self._dest is not None and self._loads is not None
         reader = RecordReader(self._dest, self._loads)
         emit({"op": "next", "id": self._next_id})
         lsn += 1
