@@ -1,7 +1,7 @@
 """``Queue``: a durable FIFO of messages in one log, whose bodies stay on storage.
 
 Memory holds, per message, its id, its position (the LSN of the record holding its body),
-its expiry and its size: some 100 bytes, whatever the body's size. A body is read back
+its expiry and its size: some 200 bytes, whatever the body's size. A body is read back
 from the log when the message is delivered, and when a rotation copies the messages not
 yet acknowledged into the new log.
 
@@ -122,7 +122,7 @@ class Queue:
 
     Open it with :meth:`open` (a location of its own) or :meth:`open_in` (a key of a
     :class:`LogSet`, for thousands of queues). Bodies stay in the log: memory holds about
-    100 bytes per message (see the module docstring). Thread-safe: one lock orders every
+    200 bytes per message (see the module docstring). Thread-safe: one lock orders every
     call, so the log's order is the queue's order.
 
     Guarantees, in the log's durability mode (``"flush"`` by default here: a ``send`` or
