@@ -219,10 +219,13 @@ def figures_of(r: dict[str, Any]) -> list[Figure]:
         at_least(f"send+receive+ack cycles, {where}, flush", AREA, round(r["cycles_per_s"]), MIN_CYCLES_PER_S, "/s"),
         info(f"  per CPU second (the process had {r['cpu_share']:.0%} of a core)", AREA,
              round(r["cycles_per_cpu_s"]), "/s"),
-        vs_baseline(f"cycles, a log per queue vs one shared log, {where}", AREA, round(r["cycles_per_s"]),
-                    round(r["shared_cycles_per_s"]), "one shared log", "/s", MIN_VS_SHARED),
-        info("  the same per CPU second", AREA, round(r["cycles_per_cpu_s"]), "/s",
-             round(r["shared_cycles_per_cpu_s"]), "one shared log"),
+        # Against the shared log per CPU second: each child gets what share of a core the
+        # machine leaves it, so the wall-clock ratio says more about the machine's load.
+        vs_baseline(f"cycles per CPU second, a log per queue vs one shared log, {where}", AREA,
+                    round(r["cycles_per_cpu_s"]), round(r["shared_cycles_per_cpu_s"]), "one shared log", "/s",
+                    MIN_VS_SHARED),
+        info("  the same by the wall clock", AREA, round(r["cycles_per_s"]), "/s",
+             round(r["shared_cycles_per_s"]), f"one shared log ({r['shared_cpu_share']:.0%} of a core)"),
         at_most(f"restart until every queue delivers, {where}", AREA, round(r["restart_ready_seconds"], 2),
                 MAX_RESTART_S, "s"),
         info(f"  open() per queue at restart, {where}", AREA, round(1e3 * r["restart_open_seconds"] / n, 2), "ms"),
