@@ -268,3 +268,36 @@ def test_open_many_opens_every_queue_of_a_set_several_at_a_time(tmp_path: Path) 
         assert "new" in logs.open_logs, "what opened stays in the set"
         with pytest.raises(ValueError, match="threads"):
             persistlog.Queue.open_many(logs, [], threads=0)
+
+
+def test_threads_sending_and_delivering_through_rotations_lose_and_repeat_nothing(tmp_path: Path) -> None:
+    import threading
+
+    url = str(tmp_path / "q")
+    got: list[bytes] = []
+    with persistlog.Queue.open(url, rotate_bytes=16 * 1024, batch_bytes=4096) as q:
+        def produce(p: int) -> None:
+            for i in range(300):
+                q.send(b"%d:%d:" % (p, i) + b"x" * 100)
+
+        def consume() -> None:
+            while len(got) < 600:
+                m = q.receive()
+                if m is None:
+                    time.sleep(0.001)
+                    continue
+                got.append(m.body)
+                assert q.ack(m.id)
+
+        threads = [threading.Thread(target=produce, args=(p,)) for p in (1, 2)] + [threading.Thread(target=consume)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert q.log.stats()["rotations"] >= 2
+        assert len(q) == 0
+    for p in (1, 2):
+        mine = [int(b.split(b":")[1]) for b in got if b.startswith(b"%d:" % p)]
+        assert mine == list(range(300)), "each producer's messages once each, in its order"
+    with persistlog.Queue.open(url) as q:
+        assert drain(q) == []
