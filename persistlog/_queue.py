@@ -396,7 +396,9 @@ class Queue:
         """Append a message; returns its id once its record is written (per the log's
         durability mode). ``ttl`` (seconds; default the queue's ``ttl``) drops it
         undelivered after that long. :class:`QuotaExceeded` (expired messages dropped
-        first) and ``TypeError`` for a body that is not bytes: nothing written."""
+        first), ``TypeError`` for a body that is not bytes and ``ValueError`` for one over
+        the log's record limit (32 MiB): nothing written. Interrupted (``KeyboardInterrupt``)
+        it may or may not be logged, as ``Log.update``: if it was, a restart delivers it."""
         data = _check_body(body)
         ttl = self.ttl if ttl is None else _check_ttl(ttl)
         with self._lock:
@@ -408,8 +410,10 @@ class Queue:
             if ttl is not None:
                 expires_at = self._clock() + ttl
                 record["exp"] = expires_at
-            lsn = lg.update(record)
+            # The id is spent before the update: a send interrupted after its record was
+            # appended (KeyboardInterrupt) must not give the same id to the next one.
             self._next_id = message_id + 1
+            lsn = lg.update(record)
             entry = _Entry(message_id, lsn, expires_at, len(data))
             self._entries[message_id] = entry
             self._ready.append(entry)
