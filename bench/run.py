@@ -22,6 +22,7 @@ import follower
 import logset
 import many_logs
 import positions
+import queues
 import s3
 import shapes
 import spark_stream
@@ -46,6 +47,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "logset": logset.BENCHMARKS,
     "many": many_logs.BENCHMARKS,
     "positions": positions.BENCHMARKS,
+    "queues": queues.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="records per shape (default 500000, 100000 with --quick)")
     parser.add_argument("--many-logs", type=int, default=None,
                         help="logs held open at once by the many group (default 1000)")
+    parser.add_argument("--queues", type=int, default=None,
+                        help="queues of the queues group (default 10000, 1000 with --quick; capped by ulimit -n)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="run bench/spark_bench.py if present (default: yes, except with --quick)")
     parser.add_argument("--moto-in-process", action="store_true",
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.shape_records = args.shape_records
     if args.many_logs is not None:
         cfg.many_logs = args.many_logs
+    if args.queues is not None:
+        cfg.queues = args.queues
     cfg.tmpdir = args.tmpdir
     cfg.moto_in_process = args.moto_in_process
     only = [o for entry in args.only for o in entry.split(",") if o]

@@ -186,6 +186,9 @@ class Config:
     restart_updates: int = 5_000_000
     many_logs: int = 1000
     many_idle_seconds: float = 10.0
+    queues: int = 10_000
+    queue_pending_mb: float = 100.0
+    queue_seconds: float = 10.0
     tmpdir: str | None = None
     moto_in_process: bool = False
 
@@ -207,4 +210,7 @@ class Config:
             shape_records=100_000,
             restart_keys=100_000,
             restart_updates=500_000,
+            queues=1000,
+            queue_pending_mb=10.0,
+            queue_seconds=4.0,
         )

@@ -30,6 +30,7 @@ from ._errors import (
     MissingDependencyError,
     PersistLogError,
     PositionError,
+    QuotaExceeded,
     ResetRequired,
     WriterConflict,
 )
@@ -43,6 +44,7 @@ from ._reader import TornTail
 from ._restore import RestoreResult
 from ._rotation import Emit
 from ._secondaries import SecondaryLag
+from ._queue import Message, Queue
 from ._store import ResourceStore
 from ._version import package_version
 
@@ -76,10 +78,13 @@ __all__ = [
     "LogSetError",
     "LogSetOptions",
     "LoggedRecord",
+    "Message",
     "MissingDependencyError",
     "OpenOptions",
     "PersistLogError",
     "PositionError",
+    "Queue",
+    "QuotaExceeded",
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",

@@ -16,7 +16,8 @@
     ├── ResetRequired          a follower's cursor (a consumer's position) points at data retention already deleted
     ├── PositionError          an LSN or time the logs do not hold: before retention, past the end (also a ValueError)
     ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
-    └── LogSetError            a LogSet's root holds something else, or a set of another depth
+    ├── LogSetError            a LogSet's root holds something else, or a set of another depth
+    └── QuotaExceeded          a Queue's send would pass its message or byte quota (nothing written)
 
 Misuse of the API (wrong types, unknown options) raises the built-in ``TypeError`` or
 ``ValueError`` with a message that says what is wrong.
@@ -210,3 +211,9 @@ class LogSetError(PersistLogError):
     other than a log set (a log, other files, directories without a ``LOGSET`` marker), a
     marker this version does not read, or a set of another ``depth`` than the one asked for.
     The message names what is there."""
+
+
+class QuotaExceeded(PersistLogError):
+    """:meth:`persistlog.Queue.send` refused a message: with it the queue would hold more
+    messages or bytes than its quota (``max_messages``, ``max_bytes``). Nothing was
+    written; the message names the quota and what the queue holds."""

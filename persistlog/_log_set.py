@@ -394,6 +394,11 @@ class LogSet(AbstractContextManager["LogSet"]):
         )
 
     @property
+    def defaults(self) -> dict[str, Any]:
+        """The :func:`persistlog.open` options this set applies to every log (a copy)."""
+        return dict(self._defaults)
+
+    @property
     def open_logs(self) -> dict[str, Log]:
         """The Logs this LogSet opened that are still open, by key (a copy)."""
         with self._lock:

@@ -312,14 +312,14 @@ class SegmentBytes:
         self.buf = b""
 
     @classmethod
-    def open(cls, dest: Destination, name: str, offset: int) -> SegmentBytes:
+    def open(cls, dest: Destination, name: str, offset: int, chunk: int = READ_CHUNK) -> SegmentBytes:
         if dest.appendable:
-            return cls(dest, name, dest.size(name))
+            return cls(dest, name, dest.size(name), chunk)
         # Objects never change once written: one ranged GET both sizes a small object and
         # reads it, where a HEAD first would double the requests of every poll.
-        data = dest.read(name, offset, READ_CHUNK)
-        size = offset + len(data) if len(data) < READ_CHUNK else dest.size(name)
-        seg = cls(dest, name, size)
+        data = dest.read(name, offset, chunk)
+        size = offset + len(data) if len(data) < chunk else dest.size(name)
+        seg = cls(dest, name, size, chunk)
         seg.base, seg.buf = offset, data
         return seg
 
@@ -346,6 +346,8 @@ class LogScanner:
     :class:`CorruptLogError`; in ``"skip"`` mode it is recorded in ``state.skipped`` and
     the scan goes on. With ``tail_ok`` (followers), a torn-looking end of the last segment
     is treated as "not written yet": the scan stops before it without reporting it.
+    ``read_chunk`` is the least a read of storage asks for: a reader that stops after a
+    batch or two (a point read at a known position) asks for less than a whole scan.
     """
 
     def __init__(
@@ -359,6 +361,7 @@ class LogScanner:
         start: ScanStart | None = None,
         tail_ok: bool = False,
         more_segments: bool = False,
+        read_chunk: int = READ_CHUNK,
     ) -> None:
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
@@ -372,6 +375,7 @@ class LogScanner:
         # True when the caller knows a later segment exists beyond those given, so that
         # none of them may end in a torn tail.
         self.more_segments = more_segments
+        self.read_chunk = read_chunk
         self.state = LogState(seq=seq, segments=segments)
 
     # -- errors -------------------------------------------------------------------------
@@ -406,7 +410,7 @@ class LogScanner:
                 continue
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
-                seg = SegmentBytes.open(self.dest, name, resume)
+                seg = SegmentBytes.open(self.dest, name, resume, self.read_chunk)
                 yield from self._scan_segment(
                     seg, number, index == last_index and not self.more_segments, resume, next_lsn
                 )

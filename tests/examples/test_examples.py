@@ -121,6 +121,27 @@ def test_sessions_survive_a_restart(tmp_path: Path, run_example: Any) -> None:
     assert again.returncode == 2 and "already holds sessions" in again.stderr
 
 
+# -- broker_queues.py ---------------------------------------------------------------------
+
+
+def test_broker_queues_survive_kill_9_with_nothing_acknowledged_back_and_nothing_lost(
+    tmp_path: Path, run_example: Any
+) -> None:
+    root = str(tmp_path / "broker")
+    proc = run_example("broker_queues.py", root, "--queues", "100", "--messages", "3", "--after", "300")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["queues"] == 100
+    assert summary["acked_redelivered"] == 0 and summary["unacked_lost"] == 0
+    assert summary["acked"] > 0 and summary["sent"] >= 300
+    # What the example says is pending is what the set holds, read by this process.
+    with persistlog.LogSet(root, create=False) as logs:
+        held = sum(len(persistlog.Queue.open_in(logs, key)) for key in logs.keys())
+    assert held == summary["pending"]
+    again = run_example("broker_queues.py", root)
+    assert again.returncode == 2 and "not empty" in again.stderr
+
+
 # -- replica.py ---------------------------------------------------------------------------
 
 

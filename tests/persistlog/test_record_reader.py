@@ -1,0 +1,65 @@
+"""RecordReader: the record at an LSN of a live log, read from storage (docs/DESIGN.md,
+"Queues"; the reader behind ``Queue.receive``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from destinations import open_destination
+from log_files import flip_bit, segment_files
+
+import persistlog
+from persistlog._record_reader import RecordNotWritten, RecordReader
+
+
+def written_log(tmp_path: Path, n: int, **options: object) -> tuple[persistlog.Log, dict[int, dict[str, int]]]:
+    lg = persistlog.open(tmp_path / "log", lambda emit: None, durability="flush", **options)  # type: ignore[arg-type]
+    at = {}
+    for i in range(n):
+        record = {"i": i, "pad": "x" * (i % 50)}
+        at[lg.update(record)] = record
+    return lg, at
+
+
+def test_records_are_read_by_lsn_forwards_backwards_and_across_segments_and_logs(tmp_path: Path) -> None:
+    lg, at = written_log(tmp_path, 300, segment_bytes=4096, rotate_records=120, batch_bytes=512, retain=10)
+    lg.rotate()
+    assert len(segment_files(tmp_path / "log")) > 4, "a few logs of a few segments each"
+    reader = RecordReader(open_destination(str(tmp_path / "log")), persistlog.Codec().loads)
+    lsns = sorted(at)
+    for lsn in lsns:  # forwards: the cursor moves on
+        assert reader.record(lsn) == at[lsn]
+    for lsn in reversed(lsns[::37]):  # backwards: each one located again
+        assert reader.record(lsn) == at[lsn]
+    with pytest.raises(RecordNotWritten):
+        reader.record(lsns[-1] + 10)
+    lg.close()
+
+
+def test_a_record_still_in_the_writer_s_buffer_is_read_after_written(tmp_path: Path) -> None:
+    lg = persistlog.open(tmp_path / "log", lambda emit: None, durability="buffered", flush_interval=60)
+    lsn = lg.update({"late": True})
+    calls = []
+
+    def written() -> None:
+        calls.append(1)
+        lg.sync()
+
+    reader = RecordReader(open_destination(str(tmp_path / "log")), persistlog.Codec().loads, written)
+    assert reader.record(lsn) == {"late": True}
+    assert calls == [1]
+    lg.close()
+
+
+def test_damage_between_the_cursor_and_the_record_is_corruption(tmp_path: Path) -> None:
+    lg, at = written_log(tmp_path, 20)
+    reader = RecordReader(open_destination(str(tmp_path / "log")), persistlog.Codec().loads)
+    lsns = sorted(at)
+    assert reader.record(lsns[0]) == at[lsns[0]]
+    segment = segment_files(tmp_path / "log")[-1]
+    data = Path(segment).read_bytes()
+    flip_bit(segment, data.index(b"x" * 10), 0)  # in record 10's payload
+    with pytest.raises(persistlog.CorruptLogError):
+        reader.record(lsns[-1])
+    lg.close()
