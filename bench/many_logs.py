@@ -6,11 +6,13 @@ does nothing is what this group measures, in a child process of its own (so that
 threads and descriptors counted are the logs' alone, not the bench run's):
 
 1. open ``n`` logs, each at a fresh local directory, with
-   ``persistlog.open(url_i, lambda emit: None, durability="flush")``, timing the opens;
-2. count the process's threads and open file descriptors;
+   ``persistlog.open(url_i, enumerate_all_i, durability="flush")`` (log i's snapshot holds
+   ``{"id": i}``), timing the opens; then one ``update()`` per log (``{"n": 7 * i}``);
+2. count the process's threads, open file descriptors and resident memory;
 3. leave the logs idle for ``idle_seconds`` and read the CPU time the process used
    meanwhile (``psutil``'s ``cpu_times``, user + system, all threads);
-4. close them all, timing the closes.
+4. close them all, then open each again with ``replay=`` into a fresh state (a restart),
+   timing both, and count the logs whose restored state is not exactly what was logged.
 
 Run as a script it is that child (``--child N --root DIR --idle-seconds S``), and prints
 its figures as one JSON line; ``python bench/many_logs.py --logs N`` runs one round and
@@ -36,14 +38,20 @@ from workload import Config, Scratch
 log = logging.getLogger("bench")
 
 AREA = "many"
-#: Where many open logs should get to (a later step for file descriptors and open time):
-#: this many threads at most, and this share of one core while idle.
+#: Where many open logs should get to: this many threads and file descriptors at most,
+#: this share of one core while idle, and, for TARGET_LOGS logs (pro rata for another
+#: count), this long to open them all, and to close them and reopen them with a restore.
+TARGET_LOGS = 10_000
 MAX_THREADS = 16
+MAX_FDS = 1_100
 MAX_IDLE_CPU_PERCENT = 2.0
+MAX_OPEN_SECONDS = 30.0
+MAX_RESTART_SECONDS = 60.0
 
 
 def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
-    """Open ``n`` logs under ``root``, leave them idle, close them; the figures."""
+    """Open ``n`` logs under ``root``, give each some state, leave them idle, close them,
+    reopen them with a restore and check every state; the figures."""
     import psutil
 
     import persistlog
@@ -51,14 +59,31 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
     me = psutil.Process()
     threads_before = me.num_threads()
     fds_before = me.num_fds()
+    rss_before = me.memory_info().rss
+    urls = [os.path.join(root, f"log-{i}") for i in range(n)]
+
+    def snapshot_of(state: dict[str, int]) -> Callable[[Callable[[Any], None]], None]:
+        def enumerate_all(emit: Callable[[Any], None]) -> None:
+            for k, v in state.items():
+                emit({"k": k, "v": v})
+        return enumerate_all
+
+    # Log i's state: {"id": i} from its first snapshot, then {"n": 7 * i} by one update.
+    states: list[dict[str, int]] = [{"id": i} for i in range(n)]
     logs: list[persistlog.Log] = []
     started = time.perf_counter()
     for i in range(n):
-        logs.append(persistlog.open(os.path.join(root, f"log-{i}"), lambda emit: None, durability="flush"))
+        logs.append(persistlog.open(urls[i], snapshot_of(states[i]), durability="flush"))
     open_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    for i, lg in enumerate(logs):
+        lg.update({"k": "n", "v": 7 * i})
+        states[i]["n"] = 7 * i
+    update_seconds = time.perf_counter() - started
     time.sleep(0.5)  # whatever the opening started settles
     threads = me.num_threads()
     fds = me.num_fds()
+    rss = me.memory_info().rss
     cpu0 = me.cpu_times()
     wall0 = time.perf_counter()
     time.sleep(idle_seconds)
@@ -69,6 +94,22 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
     for lg in logs:
         lg.close()
     close_seconds = time.perf_counter() - started
+    # A restart: every log restored into a fresh state and opened again.
+    restored: list[dict[str, int]] = [{} for _ in range(n)]
+    started = time.perf_counter()
+    for i in range(n):
+        state = restored[i]
+        logs[i] = persistlog.open(
+            urls[i], snapshot_of(state), durability="flush",
+            replay=lambda r, state=state: state.__setitem__(r["k"], r["v"]),
+        )
+    reopen_seconds = time.perf_counter() - started
+    wrong = sum(1 for i in range(n) if restored[i] != states[i])
+    reopened_fds = me.num_fds()
+    started = time.perf_counter()
+    for lg in logs:
+        lg.close()
+    second_close_seconds = time.perf_counter() - started
     return {
         "logs": n,
         "threads_before": threads_before,
@@ -76,8 +117,15 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
         "python_threads": threading.active_count(),
         "fds_before": fds_before,
         "fds": fds,
+        "reopened_fds": reopened_fds,
+        "rss_before_mib": rss_before / 2**20,
+        "rss_mib": rss / 2**20,
         "open_seconds": open_seconds,
+        "update_seconds": update_seconds,
         "close_seconds": close_seconds,
+        "reopen_seconds": reopen_seconds,
+        "second_close_seconds": second_close_seconds,
+        "states_wrong": wrong,
         "idle_seconds": wall,
         "idle_cpu_seconds": idle_cpu,
         "idle_cpu_percent": 100.0 * idle_cpu / wall,
@@ -99,14 +147,26 @@ def run_child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
 
 def figures_of(r: dict[str, Any]) -> list[Figure]:
     n = r["logs"]
+    scale = n / TARGET_LOGS  # the time targets are for TARGET_LOGS logs: pro rata
+    per_log = 1e3 / n
+    restart = r["close_seconds"] + r["reopen_seconds"]
     return [
         at_most(f"threads, {n:,} open logs", AREA, r["threads"], MAX_THREADS, "",
                 r["threads_before"], "before opening", raw=r),
+        at_most(f"file descriptors, {n:,} open logs", AREA, r["fds"], MAX_FDS, "",
+                r["fds_before"], "before opening"),
         at_most(f"idle CPU, {n:,} open logs", AREA, round(r["idle_cpu_percent"], 2), MAX_IDLE_CPU_PERCENT,
                 "% core"),
-        info(f"open() per log, {n:,} logs", AREA, 1e3 * r["open_seconds"] / n, "ms"),
-        info(f"close() per log, {n:,} logs", AREA, 1e3 * r["close_seconds"] / n, "ms"),
-        info(f"file descriptors, {n:,} open logs", AREA, r["fds"], ""),
+        at_most(f"open() of {n:,} logs", AREA, round(r["open_seconds"], 2),
+                round(MAX_OPEN_SECONDS * scale, 2), "s"),
+        at_most(f"close() + reopen with restore of {n:,} logs", AREA, round(restart, 2),
+                round(MAX_RESTART_SECONDS * scale, 2), "s"),
+        at_most(f"logs restored to another state, of {n:,}", AREA, r["states_wrong"], 0, ""),
+        info(f"RSS, {n:,} open logs", AREA, round(r["rss_mib"] - r["rss_before_mib"], 1), "MiB"),
+        info(f"open() per log, {n:,} logs", AREA, r["open_seconds"] * per_log, "ms"),
+        info(f"update() + flush per log, round robin, {n:,} logs", AREA, r["update_seconds"] * per_log, "ms"),
+        info(f"close() per log, {n:,} logs", AREA, r["close_seconds"] * per_log, "ms"),
+        info(f"reopen with restore per log, {n:,} logs", AREA, r["reopen_seconds"] * per_log, "ms"),
     ]
 
 
