@@ -184,7 +184,7 @@ class Config:
     heap_objects: int = 1_000_000
     restart_keys: int = 1_000_000
     restart_updates: int = 5_000_000
-    many_logs: int = 1000
+    many_logs: int = 10_000
     many_idle_seconds: float = 10.0
     tmpdir: str | None = None
     moto_in_process: bool = False
@@ -207,4 +207,5 @@ class Config:
             shape_records=100_000,
             restart_keys=100_000,
             restart_updates=500_000,
+            many_logs=1000,
         )

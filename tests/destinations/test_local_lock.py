@@ -135,10 +135,13 @@ def test_a_release_leaves_a_lock_that_is_no_longer_its_own(tmp_path: Path) -> No
 
 _RACER = textwrap.dedent("""
     import os, sys, time, persistlog
-    url, go, me = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    url, go, me, via_set = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4] == "set"
     time.sleep(max(0.0, go - time.time()))
     try:
-        lg = persistlog.open(url, lambda emit: emit({"snapshot-by": me}), durability="fsync")
+        if via_set:  # url is the set's root: every racer makes or opens the set, then its key
+            lg = persistlog.LogSet(url).open("shared", lambda emit: emit({"snapshot-by": me}), durability="fsync")
+        else:
+            lg = persistlog.open(url, lambda emit: emit({"snapshot-by": me}), durability="fsync")
     except persistlog.WriterConflict as e:
         print("conflict", e, flush=True)
         sys.exit(0)
@@ -149,18 +152,19 @@ _RACER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_processes_racing_to_open_one_log_exactly_one_wins(tmp_path: Path, fresh: bool) -> None:
-    """Six processes open the same log at the same instant, on a new directory and on an
-    existing log whose LOCK a killed writer left: one wins, every other gets WriterConflict
-    naming it, and the log holds the winner's records only."""
+@pytest.mark.parametrize("case", ["fresh", "stale", "set"])
+def test_processes_racing_to_open_one_log_exactly_one_wins(tmp_path: Path, case: str) -> None:
+    """Six processes open the same log at the same instant: on a new directory, on an
+    existing log whose LOCK a killed writer left, and as one key of a LogSet none of them
+    has made yet. One wins, every other gets WriterConflict naming it, and the log holds
+    the winner's records only."""
     url = str(tmp_path / "log")
-    if not fresh:
+    if case == "stale":
         persistlog.open(url, lambda emit: None).close()
         (tmp_path / "log" / LOCK_NAME).write_bytes(_record(_dead_pid(), owner="killed-writer"))
     go = time.time() + 1.5
     procs = [
-        subprocess.Popen([sys.executable, "-c", _RACER, url, str(go), f"p{i}"], stdin=subprocess.PIPE,
+        subprocess.Popen([sys.executable, "-c", _RACER, url, str(go), f"p{i}", case], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(6)
     ]
@@ -177,5 +181,9 @@ def test_processes_racing_to_open_one_log_exactly_one_wins(tmp_path: Path, fresh
     assert len(conflicts) == 5 and all(f"pid {winner_pid} " in c for c in conflicts), conflicts
     winner = next(f"p{i}" for i, o in enumerate(outs) if o[0].startswith("won"))
     got: list[object] = []
+    if case == "set":
+        logset = persistlog.LogSet(url)
+        assert list(logset.keys()) == ["shared"]
+        url = logset.url("shared")
     persistlog.restore(url, got.append)
     assert got == [{"snapshot-by": winner}, {"by": winner}]
