@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from figures import Figure, at_most, info
@@ -47,11 +48,14 @@ MAX_FDS = 1_100
 MAX_IDLE_CPU_PERCENT = 2.0
 MAX_OPEN_SECONDS = 30.0
 MAX_RESTART_SECONDS = 60.0
+#: App threads of the second round, which opens, closes and reopens the logs from a pool.
+POOL_THREADS = 8
 
 
-def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
+def child(n: int, root: str, idle_seconds: float, threads: int = 1) -> dict[str, Any]:
     """Open ``n`` logs under ``root``, give each some state, leave them idle, close them,
-    reopen them with a restore and check every state; the figures."""
+    reopen them with a restore and check every state; the figures. ``threads`` app threads
+    open, close and reopen the logs (each its share, in a pool)."""
     import psutil
 
     import persistlog
@@ -70,10 +74,14 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
 
     # Log i's state: {"id": i} from its first snapshot, then {"n": 7 * i} by one update.
     states: list[dict[str, int]] = [{"id": i} for i in range(n)]
-    logs: list[persistlog.Log] = []
+    pool = ThreadPoolExecutor(threads)
+
+    def each(fn: Callable[[int], Any]) -> list[Any]:
+        return list(pool.map(fn, range(n))) if threads > 1 else [fn(i) for i in range(n)]
+
     started = time.perf_counter()
-    for i in range(n):
-        logs.append(persistlog.open(urls[i], snapshot_of(states[i]), durability="flush"))
+    logs: list[persistlog.Log] = each(
+        lambda i: persistlog.open(urls[i], snapshot_of(states[i]), durability="flush"))
     open_seconds = time.perf_counter() - started
     started = time.perf_counter()
     for i, lg in enumerate(logs):
@@ -81,7 +89,7 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
         states[i]["n"] = 7 * i
     update_seconds = time.perf_counter() - started
     time.sleep(0.5)  # whatever the opening started settles
-    threads = me.num_threads()
+    process_threads = me.num_threads() - (threads if threads > 1 else 0)  # the pool's aside
     fds = me.num_fds()
     rss = me.memory_info().rss
     cpu0 = me.cpu_times()
@@ -91,29 +99,30 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
     wall = time.perf_counter() - wall0
     idle_cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     started = time.perf_counter()
-    for lg in logs:
-        lg.close()
+    each(lambda i: logs[i].close())
     close_seconds = time.perf_counter() - started
     # A restart: every log restored into a fresh state and opened again.
     restored: list[dict[str, int]] = [{} for _ in range(n)]
-    started = time.perf_counter()
-    for i in range(n):
+
+    def reopen(i: int) -> persistlog.Log:
         state = restored[i]
-        logs[i] = persistlog.open(
-            urls[i], snapshot_of(state), durability="flush",
-            replay=lambda r, state=state: state.__setitem__(r["k"], r["v"]),
-        )
+        return persistlog.open(urls[i], snapshot_of(state), durability="flush",
+                               replay=lambda r: state.__setitem__(r["k"], r["v"]))
+
+    started = time.perf_counter()
+    logs = each(reopen)
     reopen_seconds = time.perf_counter() - started
     wrong = sum(1 for i in range(n) if restored[i] != states[i])
     reopened_fds = me.num_fds()
     started = time.perf_counter()
-    for lg in logs:
-        lg.close()
+    each(lambda i: logs[i].close())
     second_close_seconds = time.perf_counter() - started
+    pool.shutdown()
     return {
         "logs": n,
+        "app_threads": threads,
         "threads_before": threads_before,
-        "threads": threads,
+        "threads": process_threads,
         "python_threads": threading.active_count(),
         "fds_before": fds_before,
         "fds": fds,
@@ -128,15 +137,15 @@ def child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
         "states_wrong": wrong,
         "idle_seconds": wall,
         "idle_cpu_seconds": idle_cpu,
-        "idle_cpu_percent": 100.0 * idle_cpu / wall,
+        "idle_cpu_percent": 100.0 * idle_cpu / wall if wall > 0 else 0.0,
     }
 
 
-def run_child(n: int, root: str, idle_seconds: float) -> dict[str, Any]:
+def run_child(n: int, root: str, idle_seconds: float, threads: int = 1) -> dict[str, Any]:
     """:func:`child` in a fresh interpreter (this one's environment, so the same persistlog)."""
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", str(n), "--root", root,
-         "--idle-seconds", str(idle_seconds)],
+         "--idle-seconds", str(idle_seconds), "--threads", str(threads)],
         capture_output=True, text=True, check=False,
     )
     if proc.returncode != 0:
@@ -170,12 +179,27 @@ def figures_of(r: dict[str, Any]) -> list[Figure]:
     ]
 
 
+def pool_figures_of(r: dict[str, Any]) -> list[Figure]:
+    """The same logs opened, closed and reopened by a pool of app threads: their syncs
+    overlap (information: how an app opening many logs at start should do it)."""
+    n, t = r["logs"], r["app_threads"]
+    return [
+        info(f"open() of {n:,} logs from {t} threads", AREA, round(r["open_seconds"], 2), "s", raw=r),
+        info(f"close() + reopen with restore of {n:,} logs from {t} threads", AREA,
+             round(r["close_seconds"] + r["reopen_seconds"], 2), "s"),
+        info(f"logs restored to another state, of {n:,}, {t} threads", AREA, r["states_wrong"], ""),
+    ]
+
+
 def many_open_logs(cfg: Config, s: Scratch) -> list[Figure]:
-    """Threads, idle CPU, descriptors and open/close time of ``cfg.many_logs`` open logs."""
+    """Threads, descriptors, memory, idle CPU, open and restart time of ``cfg.many_logs``
+    open logs, opened one by one; then opened by a pool of app threads."""
     n = cfg.many_logs
     idle = cfg.many_idle_seconds
     log.info("many logs: %d logs opened with durability='flush', idle %gs", n, idle)
-    return figures_of(run_child(n, s.fresh("many"), idle))
+    figures = figures_of(run_child(n, s.fresh("many"), idle))
+    log.info("many logs: %d logs opened by %d app threads", n, POOL_THREADS)
+    return figures + pool_figures_of(run_child(n, s.fresh("many-pool"), 0.0, POOL_THREADS))
 
 
 BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
@@ -189,14 +213,15 @@ def main() -> None:
     parser.add_argument("--root", help="where the child's logs go")
     parser.add_argument("--logs", type=int, default=1000, help="logs to open (one round, no table)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=1, help="app threads opening and closing the logs")
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.root, args.idle_seconds)))
+        print(json.dumps(child(args.child, args.root, args.idle_seconds, args.threads)))
         return
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="many-logs-") as root:
-        r = run_child(args.logs, root, args.idle_seconds)
+        r = run_child(args.logs, root, args.idle_seconds, args.threads)
     print(json.dumps(r, indent=2))
 
 
