@@ -187,9 +187,12 @@ class Destination(abc.ABC):
     def lock(self, owner: str, ttl: float = 30.0) -> WriterLock:
         """Become the destination's only writer, or raise :class:`LockHeld`.
 
-        Locally an OS lock on a lock file that dies with the process; remotely a lease
-        object created create-only, renewed within ``ttl`` seconds and taken over only
-        once it has expired. ``owner`` is recorded for the error message others get.
+        Locally a lock file naming the holder's process, held while that process runs (a
+        stopped one too) and taken over at once when it is gone, without waiting: the lock
+        dies with the process, and holds no descriptor meanwhile; remotely a lease object
+        created create-only, renewed within ``ttl`` seconds and taken over only once it has
+        expired. Of racing takers exactly one succeeds. ``owner`` is recorded for the error
+        message others get.
         """
 
     def close(self) -> None:

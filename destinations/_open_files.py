@@ -113,6 +113,17 @@ def open_files() -> OpenFiles:
     return _cache
 
 
+def _after_fork_in_child() -> None:
+    # A forked child starts a cache of its own: the parent's may have been locked by
+    # another thread at the fork, and its descriptors are the parent's logs'.
+    global _cache, _cache_mutex
+    _cache = None
+    _cache_mutex = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _limit_from_environment() -> int:
     raw = os.environ.get(LIMIT_VARIABLE, "").strip()
     if not raw:
