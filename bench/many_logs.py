@@ -222,7 +222,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="many-logs-") as root:
         r = run_child(args.logs, root, args.idle_seconds, args.threads)
-    print(json.dumps(r, indent=2))
+        print(json.dumps(r, indent=2), flush=True)  # before the (long) removal of the logs
 
 
 if __name__ == "__main__":

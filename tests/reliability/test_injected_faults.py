@@ -139,8 +139,8 @@ def test_failed_fsync_during_rotation_fails_rotate(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("power", ["drop", "zeros", "partial"])
 def test_a_power_cut_after_a_clean_close_may_take_the_hints_and_nothing_else(tmp_path: Path, power: str) -> None:
-    """CURRENT naming log 1 and CLOSED are written without syncs (DESIGN.md, "What opening
-    costs"): a power cut right after a fresh log's open, synced updates and close takes
+    """CURRENT naming log 1 and CLOSED are written without syncs (docs/DESIGN.md,
+    "What opening costs"): a power cut right after a fresh log's open, synced updates and close takes
     both, and restore and the next writer still find every acknowledged update, with no
     damage reported."""
     sim = CrashSim()
