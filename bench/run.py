@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape-records", type=int, default=None,
                         help="records per shape (default 500000, 100000 with --quick)")
     parser.add_argument("--many-logs", type=int, default=None,
-                        help="logs held open at once by the many group (default 1000)")
+                        help="logs held open at once by the many group (default 10000, 1000 with --quick)")
     parser.add_argument("--queues", type=int, default=None,
                         help="queues of the queues group (default 10000, 1000 with --quick; capped by ulimit -n)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,

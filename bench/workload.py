@@ -184,7 +184,7 @@ class Config:
     heap_objects: int = 1_000_000
     restart_keys: int = 1_000_000
     restart_updates: int = 5_000_000
-    many_logs: int = 1000
+    many_logs: int = 10_000
     many_idle_seconds: float = 10.0
     queues: int = 10_000
     queue_pending_mb: float = 100.0
@@ -213,4 +213,5 @@ class Config:
             queues=1000,
             queue_pending_mb=10.0,
             queue_seconds=4.0,
+            many_logs=1000,
         )

@@ -164,6 +164,17 @@ class Destination(abc.ABC):
     def replace(self, name: str, data: bytes) -> None:
         """Atomically create or overwrite a small file, durably."""
 
+    def replace_hint(self, name: str, data: bytes) -> None:
+        """Atomically create or overwrite a small file that is only a hint, not durably.
+
+        Readers see the old or the new bytes, never a mix, while the machine runs. After a
+        power cut the file may hold its old bytes, or be missing or unreadable if it had
+        none: callers write with it only what readers may find stale, missing or damaged
+        at no cost (CURRENT with nothing to delete behind it, CLOSED). Drivers whose
+        :meth:`replace` costs no sync (one PUT) keep this default, which is :meth:`replace`.
+        """
+        self.replace(name, data)
+
     @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove a file; a missing file is not an error."""
@@ -176,9 +187,12 @@ class Destination(abc.ABC):
     def lock(self, owner: str, ttl: float = 30.0) -> WriterLock:
         """Become the destination's only writer, or raise :class:`LockHeld`.
 
-        Locally an OS lock on a lock file that dies with the process; remotely a lease
-        object created create-only, renewed within ``ttl`` seconds and taken over only
-        once it has expired. ``owner`` is recorded for the error message others get.
+        Locally a lock file naming the holder's process, held while that process runs (a
+        stopped one too) and taken over at once when it is gone, without waiting: the lock
+        dies with the process, and holds no descriptor meanwhile; remotely a lease object
+        created create-only, renewed within ``ttl`` seconds and taken over only once it has
+        expired. Of racing takers exactly one succeeds. ``owner`` is recorded for the error
+        message others get.
         """
 
     def close(self) -> None:

@@ -5,15 +5,17 @@ Plain ``os`` calls, no fsspec: every durability step is explicit here.
 * :meth:`LocalDestination.create` writes a temporary file in the same directory, fsyncs it,
   hard-links it to the final name (``link`` fails atomically when the name exists, which
   makes the create create-only), removes the temporary name and fsyncs the directory.
-* :meth:`LocalDestination.replace` is temp + fsync + ``os.replace`` + directory fsync.
-* :meth:`LocalDestination.open_append` appends with ``O_APPEND``; ``sync`` is ``fdatasync``.
-* :meth:`LocalDestination.lock` takes ``flock(LOCK_EX | LOCK_NB)`` on a ``LOCK`` file.
+* :meth:`LocalDestination.replace` is temp + fsync + ``os.replace`` + directory fsync;
+  :meth:`LocalDestination.replace_hint` the same without either fsync.
+* :meth:`LocalDestination.open_append` appends with ``O_APPEND``; ``sync`` is ``fdatasync``;
+  the descriptor is opened on demand from the process's bounded cache (``_open_files``).
+* :meth:`LocalDestination.lock` writes a ``LOCK`` file naming this process (``_lock_file``);
+  no descriptor stays open for it.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -21,9 +23,12 @@ import threading
 from typing import Any
 
 from ._base import AppendFile, Destination, LockHeld, WriterLock
+from ._lock_file import release_lock_file, take_lock_file
 from ._names import check_name, is_temp_name, temp_name
+from ._open_files import AppendDescriptor
 from ._owner import LOCK_NAME as LOCK_NAME  # the lock file's name, re-exported for tools and tests
-from ._owner import HolderRecord, describe_holder, owner_record
+from ._owner import owner_record
+from ._process import identity
 from ._registry import split_protocol
 
 # Under the persistlog hierarchy: one logger ("persistlog") silences or raises all of it.
@@ -187,12 +192,23 @@ class LocalDestination(Destination):
             raise
         fsync_dir(self.path)
 
-    def _write_temp(self, name: str, data: bytes) -> str:
+    def replace_hint(self, name: str, data: bytes) -> None:
+        """Temp file + ``os.replace``, neither fsynced: atomic for readers, not durable."""
+        final = self._file(name)
+        tmp = self._write_temp(name, data, sync=False)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+
+    def _write_temp(self, name: str, data: bytes, sync: bool = True) -> str:
         tmp = os.path.join(self.path, temp_name(name))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             _unlink_quietly(tmp)
@@ -209,45 +225,27 @@ class LocalDestination(Destination):
 
     def open_append(self, name: str) -> AppendFile:
         """Open the existing file ``name`` for appending; ``FileNotFoundError`` if missing."""
-        path = self._file(name)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return LocalAppendFile(fd, path)
+        return LocalAppendFile(self._file(name))
 
     def lock(self, owner: str, ttl: float = 30.0) -> WriterLock:
-        """Take the destination's ``LOCK`` file with ``flock(LOCK_EX | LOCK_NB)``.
+        """Take the destination's ``LOCK`` file, naming this process (``_lock_file``).
 
-        The OS releases the lock when the holder's process dies (even by SIGKILL), so a
-        stale lock recovers by itself; ``ttl`` is unused. The lock belongs to the open file,
-        so a second ``lock()`` in the same process conflicts too. The file's descriptor is
-        not inherited across ``exec``; a child made by a bare ``fork`` shares it.
+        A running holder (a stopped one too) keeps it; the lock of a holder that is gone
+        (killed, exited without releasing, from an earlier boot) is taken over at once;
+        ``ttl`` is unused. The lock belongs to the process: a second ``lock()`` in the same
+        process conflicts too, and a forked child does not hold it. No descriptor stays
+        open while it is held.
         """
         self.ensure()
-        path = os.path.join(self.path, LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, _FILE_MODE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
-            os.close(fd)
-            raise LockHeld(
-                f"{self.url} is locked by another writer: {holder or 'unknown holder'}", holder
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            info = json.dumps(owner_record(owner), sort_keys=True).encode() + b"\n"
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, info, 0)
-        except BaseException:
-            os.close(fd)
-            raise
+        record = json.dumps(owner_record(owner, **identity()), sort_keys=True).encode() + b"\n"
+        take_lock_file(self.path, record, self.url)
         logger.debug("%s: lock taken by %s", self, owner)
-        return LocalLock(fd, path)
+        return LocalLock(self.path, record)
 
 
 class LocalAppendFile(AppendFile):
-    """An ``O_APPEND`` file descriptor with a small user-space buffer.
+    """An append-only file with a small user-space buffer; its descriptor comes and goes
+    through the process's bounded cache of open files (``_open_files``).
 
     After a failed write or sync (an ``OSError``) the handle is broken: every later call
     raises, because the bytes on disk no longer match what the caller believes it wrote
@@ -259,14 +257,14 @@ class LocalAppendFile(AppendFile):
     written twice or lost.
     """
 
-    def __init__(self, fd: int, path: str) -> None:
-        self._fd = fd
+    def __init__(self, path: str) -> None:
+        self._file = AppendDescriptor(path)
         self._path = path
         self._buffer = bytearray()
         self._lock = threading.Lock()
         self._closed = False
         self._error: BaseException | None = None
-        self._on_disk = os.fstat(fd).st_size  # the file's size, where the buffer starts
+        self._on_disk = self._file.file_size()  # the file's size, where the buffer starts
         self._unsure = False
 
     def __repr__(self) -> str:
@@ -284,7 +282,7 @@ class LocalAppendFile(AppendFile):
 
     def _settle(self) -> None:
         """After an interrupted write: drop from the buffer what reached the file."""
-        size = os.fstat(self._fd).st_size
+        size = self._file.file_size()
         if size > self._on_disk:
             del self._buffer[: size - self._on_disk]
         self._on_disk = size
@@ -312,7 +310,7 @@ class LocalAppendFile(AppendFile):
             self._check()
             self._drain()
             try:
-                os.fdatasync(self._fd)
+                self._file.sync()
             except OSError as e:
                 self._error = e
                 raise
@@ -326,7 +324,7 @@ class LocalAppendFile(AppendFile):
             del self._buffer[:]
             self._unsure = True
             try:
-                os.ftruncate(self._fd, size)
+                self._file.truncate(size)
             except OSError as e:
                 self._error = e
                 raise
@@ -340,8 +338,8 @@ class LocalAppendFile(AppendFile):
                 raise ValueError(f"{self._path} is closed")
             if self._unsure:
                 self._settle()
-            # fstat, not a position: with O_APPEND the offset says nothing about the size.
-            return os.fstat(self._fd).st_size + len(self._buffer)
+            # The file's size, not a position: with O_APPEND the offset says nothing.
+            return self._file.file_size() + len(self._buffer)
 
     def close(self) -> None:
         with self._lock:
@@ -354,17 +352,17 @@ class LocalAppendFile(AppendFile):
                     self._drain()
                 except OSError:
                     self._closed = True
-                    os.close(self._fd)
+                    self._file.close()
                     raise
             # An interruption above leaves the file open: closing again finishes.
             self._closed = True
-            os.close(self._fd)
+            self._file.close()
 
     def _drain(self) -> None:
         while self._buffer:
             self._unsure = True
             try:
-                written = os.write(self._fd, self._buffer)
+                written = self._file.write(self._buffer)
             except OSError as e:
                 self._error = e
                 raise
@@ -374,8 +372,10 @@ class LocalAppendFile(AppendFile):
 
     def _write_through(self, data: bytes) -> None:
         self._unsure = True
+        view = memoryview(data)
         try:
-            _write_all(self._fd, data)
+            while view:
+                view = view[self._file.write(view):]
         except OSError as e:
             self._error = e
             raise
@@ -384,41 +384,31 @@ class LocalAppendFile(AppendFile):
 
 
 class LocalLock(WriterLock):
-    """An ``flock`` held on the destination's ``LOCK`` file."""
+    """The destination's ``LOCK`` file, naming this process while it holds it."""
 
-    def __init__(self, fd: int, path: str) -> None:
-        self._fd: int | None = fd
-        self._path = path
+    def __init__(self, directory: str, record: bytes) -> None:
+        self._directory = directory
+        self._record: bytes | None = record
         self._mutex = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"LocalLock({self._path!r}, held={self._fd is not None})"
+        return f"LocalLock({self._directory!r}, held={self._record is not None})"
 
     def renew(self) -> None:
-        # An flock cannot be lost while the descriptor is open; only a release ends it.
+        # Nobody takes the lock of a running process; only a release ends it.
         with self._mutex:
-            if self._fd is None:
-                raise LockHeld(f"{self._path} was released", "")
+            if self._record is None:
+                raise LockHeld(f"{os.path.join(self._directory, LOCK_NAME)} was released", "")
 
     def release(self) -> None:
         with self._mutex:
-            fd, self._fd = self._fd, None
-        if fd is None:
+            record, self._record = self._record, None
+        if record is None:
             return
         try:
-            # Still holding the flock: clear the owner so nobody reads a stale name.
-            os.ftruncate(fd, 0)
+            release_lock_file(self._directory, record)
         except OSError as e:
-            logger.debug("clearing %s failed: %s", self._path, e)
-        finally:
-            os.close(fd)
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        return describe_holder(os.pread(fd, HolderRecord.MAX_BYTES, 0))
-    except OSError:
-        return ""
+            logger.warning("removing %s failed: %s", os.path.join(self._directory, LOCK_NAME), e)
 
 
 def _write_all(fd: int, data: bytes) -> None:

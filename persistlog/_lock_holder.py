@@ -8,8 +8,6 @@ the drivers write; this module adds only whether that holder is probably still t
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +58,9 @@ class Holder:
 def read_holder(dest: Destination) -> Holder | None:
     """The writer lock's or lease's recorded holder, read without taking it.
 
-    A local ``LOCK`` is emptied by a clean release, so content there means a live writer or
-    one that was killed; whether its process still runs is checked when it is on this host.
+    A local ``LOCK`` is removed by a clean release, so one there names a live writer or one
+    that was killed; whether its process still runs (same pid, start time and boot) is
+    checked when it is on this host.
     """
     for name in HOLDER_NAMES:
         try:
@@ -82,9 +81,6 @@ def _holder(name: str, raw: bytes) -> Holder:
     if record is None:
         return Holder(name, raw.decode("utf-8", "replace").strip()[:200])
     pid, host = record.pid, record.host
-    alive: bool | None = None
-    if pid is not None and host == socket.gethostname():
-        alive = _process_alive(pid)
     return Holder(
         name,
         f"{record.owner} (pid {pid if pid is not None else '?'} on {host or '?'})",
@@ -93,20 +89,8 @@ def _holder(name: str, raw: bytes) -> Holder:
         pid=pid,
         since=record.since,
         expires=record.expires,
-        alive=alive,
+        alive=record.running(),
     )
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except OSError:
-        return False
-    return True
 
 
 __all__ = ["Holder", "read_holder"]

@@ -60,9 +60,16 @@ def move_pointer(dest: Destination, seq: int) -> bool:
 
     CURRENT is a hint, so a failure is not fatal, but retention must wait for a move that
     succeeds (old logs go only once a newer complete log *and its pointer* are durable).
+    The first log (seq 1) has no log before it, so nothing is ever deleted on the strength
+    of its pointer, and a reader that finds that pointer missing or damaged after a power
+    cut searches the logs and finds log 1: it is written without syncs
+    (``replace_hint``), which saves a fresh log's open two of its fsyncs.
     """
     try:
-        dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
+        if seq == 1:
+            dest.replace_hint(F.CURRENT_NAME, _encoder.pointer(seq))
+        else:
+            dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
     except OSError as e:
         log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
         return False
@@ -74,10 +81,14 @@ def note_closed(dest: Destination, seq: int, next_lsn: int) -> None:
 
     Readers take it as evidence that the newest log ended with its seal, so a newest log
     found later without its seal, ending before ``next_lsn``, lost its end: damage, not a
-    crash's torn tail. A hint only: a failure to write it is logged, not raised.
+    crash's torn tail. A hint only: a failure to write it is logged, not raised; and it
+    is written without syncs (``replace_hint``): a power cut that loses it, or leaves the
+    one before it (which names another log) or a damaged one, leaves readers without that
+    evidence, as a log closed by an older writer. It never claims more than is durable,
+    because the seal it describes was synced before it was written.
     """
     try:
-        dest.replace(F.CLOSED_NAME, _encoder.closed_note(seq, next_lsn))
+        dest.replace_hint(F.CLOSED_NAME, _encoder.closed_note(seq, next_lsn))
     except OSError as e:
         log.warning("could not write %s/%s after sealing log %d: %s", dest.url, F.CLOSED_NAME, seq, e)
 

@@ -9,6 +9,7 @@ child's exit status instead of killing pytest.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -19,14 +20,18 @@ from typing import Any
 CLI = "import sys\nfrom persistlog.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
-def run_python(code: str, *args: str, hide: Sequence[str] = (), timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` (dedented) as ``python -c`` with ``args``, hiding the modules ``hide``."""
+def run_python(
+    code: str, *args: str, hide: Sequence[str] = (), timeout: float = 120, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (dedented) as ``python -c`` with ``args``, hiding the modules ``hide``;
+    ``env_extra`` adds environment variables to this process's."""
     prelude = "".join(f"import sys; sys.modules[{name!r}] = None\n" for name in hide)
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **env_extra} if env_extra else None,
     )
 
 

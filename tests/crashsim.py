@@ -483,18 +483,26 @@ class CrashSimDestination(Destination):
         self._point("after", op, name)
 
     def replace(self, name: str, data: bytes) -> None:
+        self._replace(name, data, durable=True)
+
+    def replace_hint(self, name: str, data: bytes) -> None:
+        self._replace(name, data, durable=False)
+
+    def _replace(self, name: str, data: bytes, durable: bool) -> None:
         self._point("before", "replace", name)
+        write = self.inner.replace if durable else self.inner.replace_hint
         path = self._path(name)
         if path is None:
-            self.inner.replace(name, data)
+            write(name, data)
         else:
             with self.sim._mutex:
                 old = self.sim._durable_bytes(path)
-            self.inner.replace(name, data)
+            write(name, data)
             with self.sim._mutex:
                 self.sim._files[path] = _FileModel(durable_exists=old is not None, saved=old)
             self._point("mid", "replace", name)
-            self.sim._created(path, len(data), durable=True)
+            if durable:  # a hint is never synced: a power cut brings back the old bytes
+                self.sim._created(path, len(data), durable=True)
         self._point("after", "replace", name)
 
     def delete(self, name: str) -> None:
@@ -582,7 +590,7 @@ class _SimAppendFile(AppendFile):
             if not inner._closed:  # type: ignore[attr-defined]
                 inner._closed = True  # type: ignore[attr-defined]
                 with contextlib.suppress(OSError):
-                    os.close(inner._fd)  # type: ignore[attr-defined]
+                    inner._file.close()  # type: ignore[attr-defined]  # its descriptor, unflushed
 
     def write(self, data: bytes) -> None:
         point = "before:append.write segment" if kind_of(self.name) == "segment" else f"before:append.write {kind_of(self.name)}"

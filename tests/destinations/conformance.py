@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -283,6 +283,33 @@ class DestinationConformance:
                 lock.renew()  # a released lock stays released
         finally:
             second.release()
+
+    def test_of_racing_takers_exactly_one_wins(self, make_dest: MakeDest) -> None:
+        dests = [make_dest() for _ in range(6)]
+        dests[0].ensure()
+        barrier = threading.Barrier(len(dests))
+        won: list[Any] = []
+        refused: list[LockHeld] = []
+
+        def take(i: int) -> None:
+            barrier.wait()
+            try:
+                won.append(dests[i].lock(f"racer-{i}"))
+            except LockHeld as e:
+                refused.append(e)
+
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(len(dests))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        try:
+            assert len(won) == 1 and len(refused) == len(dests) - 1
+            holders = {e.holder.split(" ", 1)[0] for e in refused}
+            assert len(holders) == 1 and holders <= {f"racer-{i}" for i in range(len(dests))}
+        finally:
+            for lk in won:
+                lk.release()
 
     def test_lock_on_missing_directory(self, make_dest: MakeDest) -> None:
         dest = make_dest("fresh")  # no ensure(): taking the lock must not need it

@@ -105,11 +105,13 @@ def segment_sizes(path: str | os.PathLike[str]) -> dict[str, int]:
 
 def fill_disk(lg: persistlog.Log) -> None:
     """Make the primary's current segment file reject writes as a full disk does: its
-    descriptor now points at ``/dev/full`` (every write fails with ENOSPC, for real)."""
-    f = lg._current_writer._file  # type: ignore[union-attr]
+    descriptor now points at ``/dev/full`` (every write fails with ENOSPC, for real). The
+    test process holds a few logs, far under the open-file cache's limit: the descriptor
+    stays open, so the swap lasts."""
+    f = lg._current_writer._file._file  # type: ignore[union-attr]
     full = os.open("/dev/full", os.O_WRONLY)
     try:
-        os.dup2(full, f._fd)
+        os.dup2(full, f.fileno())
     finally:
         os.close(full)
 

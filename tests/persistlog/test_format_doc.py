@@ -194,3 +194,23 @@ def test_log_set_marker_as_the_doc_spells_it() -> None:
     assert example is not None
     assert shards(example.group(3), 1) == [example.group(1)] and key_name(example.group(3)) == example.group(2)
     assert "at most 255 bytes" in logset
+
+
+def test_a_handover_request_is_what_the_section_shows() -> None:
+    import json
+
+    from persistlog import _encoder
+    from persistlog._decoder import parse_handover_request
+
+    text = section("HANDOVER")
+    assert f"`{F.HANDOVER_NAME}`" in DOC and F.HANDOVER_NAME in section("Files at a destination")
+    assert f"at most {F.HANDOVER_MAX_BYTES:,} bytes" in text
+    shown = json.loads(re.search(r"^(\{.*\})$", text, re.M).group(1))  # type: ignore[union-attr]
+    written = json.loads(_encoder.handover_request(shown["owner"], shown["host"], shown["pid"], shown["to"],
+                                                   shown["asked"], shown["deadline"]))
+    assert written == shown
+    assert parse_handover_request(json.dumps(shown).encode()) == (shown["owner"], shown["to"], shown["asked"],
+                                                                  shown["deadline"])
+    for broken in (b"", b"{}", b"[1]", json.dumps({**shown, "to": 3}).encode(), b" " * (F.HANDOVER_MAX_BYTES + 1)):
+        assert parse_handover_request(broken) is None
+

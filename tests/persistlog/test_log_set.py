@@ -145,6 +145,14 @@ def test_a_root_holding_something_else_is_refused_naming_what_is_there(tmp_path:
     assert tree(other) == ["notes.txt", "photos"] and tree(a_log) == log_files  # nothing written
 
 
+def test_a_root_that_cannot_be_made_is_refused_naming_why(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for root in (tmp_path / "file" / "set", tmp_path / "file" / "a" / "set"):
+        with pytest.raises(persistlog.LogSetError, match=f"cannot make a log set at .*: {tmp_path / 'file'} is a file"):
+            persistlog.LogSet(root)
+    assert tree(tmp_path) == ["file"] and (tmp_path / "file").read_text() == "x"  # nothing written
+
+
 def test_another_depth_or_a_bad_marker_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "set"
     persistlog.LogSet(root, depth=2)

@@ -137,6 +137,26 @@ def test_failed_fsync_during_rotation_fails_rotate(tmp_path: Path) -> None:
     check_reopen(tmp_path / "log", d.model)
 
 
+@pytest.mark.parametrize("power", ["drop", "zeros", "partial"])
+def test_a_power_cut_after_a_clean_close_may_take_the_hints_and_nothing_else(tmp_path: Path, power: str) -> None:
+    """CURRENT naming log 1 and CLOSED are written without syncs (docs/DESIGN.md,
+    "What opening costs"): a power cut right after a fresh log's open, synced updates and close takes
+    both, and restore and the next writer still find every acknowledged update, with no
+    damage reported."""
+    sim = CrashSim()
+    d = open_driver(sim, tmp_path / "log")
+    for _ in range(5):
+        d.put(sync=True)
+    d.lg.close()
+    assert (tmp_path / "log" / "CURRENT").exists() and (tmp_path / "log" / "CLOSED").exists()
+    sim.power_loss(power)
+    assert not (tmp_path / "log" / "CURRENT").exists() and not (tmp_path / "log" / "CLOSED").exists()
+    result = check_restore(tmp_path / "log", d.model)
+    assert restore_state(str(tmp_path / "log"))[0] == d.app.data  # every update was synced
+    assert result.torn_tails == [] and result.skipped == []
+    check_reopen(tmp_path / "log", d.model)
+
+
 # -- writes -----------------------------------------------------------------------------------
 
 

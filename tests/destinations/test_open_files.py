@@ -1,0 +1,187 @@
+"""The process-wide cache of append descriptors: a bound on open files that loses nothing."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from destinations._open_files import LIMIT_VARIABLE, AppendDescriptor, OpenFiles
+from tests.childproc import run_python
+
+
+def _write(d: AppendDescriptor, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[d.write(view):]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    limit=st.integers(1, 3),
+    ops=st.lists(
+        st.tuples(st.integers(0, 4), st.sampled_from(["write", "sync", "size", "truncate"]), st.binary(max_size=40)),
+        max_size=60,
+    ),
+)
+def test_files_read_back_exactly_whatever_the_cache_closes(tmp_path_factory: pytest.TempPathFactory, limit: int, ops: list[tuple[int, str, bytes]]) -> None:
+    """Five files through a cache of 1 to 3 descriptors: every file holds exactly the bytes
+    written to it, in order, and the cache never holds more than its limit."""
+    root = tmp_path_factory.mktemp("files")
+    files = OpenFiles(limit)
+    paths = [root / f"f{i}" for i in range(5)]
+    for p in paths:
+        p.write_bytes(b"")
+    ds = [AppendDescriptor(str(p), files) for p in paths]
+    model = [b""] * 5
+    for i, op, data in ops:
+        if op == "write":
+            _write(ds[i], data)
+            model[i] += data
+        elif op == "sync":
+            ds[i].sync()
+        elif op == "size":
+            assert ds[i].file_size() == len(model[i])
+        else:
+            cut = len(model[i]) // 2
+            ds[i].truncate(cut)
+            model[i] = model[i][:cut]
+        assert files.count <= limit
+    for d in ds:
+        d.close()
+    assert files.count == 0
+    assert [p.read_bytes() for p in paths] == model
+
+
+def test_threads_appending_to_more_files_than_descriptors_lose_and_reorder_nothing(tmp_path: Path) -> None:
+    files = OpenFiles(2)
+    n_files, per_thread = 6, 300
+    paths = [tmp_path / f"f{i}" for i in range(n_files)]
+    for p in paths:
+        p.write_bytes(b"")
+    ds = [AppendDescriptor(str(p), files) for p in paths]
+    locks = [threading.Lock() for _ in ds]  # one writer at a time per file, as a Log does
+
+    def writer(t: int) -> None:
+        for k in range(per_thread):
+            i = (t + k) % n_files
+            with locks[i]:
+                _write(ds[i], f"{t}:{k};".encode())
+                if k % 50 == 0:
+                    ds[i].sync()
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for d in ds:
+        d.close()
+    seen: dict[int, list[int]] = {}
+    total = 0
+    for p in paths:
+        for item in p.read_bytes().decode().split(";")[:-1]:
+            t, k = map(int, item.split(":"))
+            seen.setdefault(t, []).append(k)
+            total += 1
+    assert total == 4 * per_thread
+    for t, ks in seen.items():
+        # Per file, each thread's writes appear in the order it made them.
+        by_file: dict[int, list[int]] = {}
+        for k in ks:
+            by_file.setdefault((t + k) % n_files, []).append(k)
+        assert all(v == sorted(v) for v in by_file.values())
+
+
+def test_a_clean_evicted_file_syncs_without_reopening(tmp_path: Path) -> None:
+    files = OpenFiles(1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"")
+    b.write_bytes(b"")
+    da = AppendDescriptor(str(a), files)
+    _write(da, b"x")
+    da.sync()
+    db = AppendDescriptor(str(b), files)  # evicts a
+    assert not da.is_open and db.is_open
+    da.sync()  # nothing written since its sync: nothing to do, and b stays open
+    assert not da.is_open and db.is_open
+    _write(da, b"y")  # reopened, evicting b
+    assert da.is_open and not db.is_open and files.count == 1
+    da.close()
+    db.close()
+    assert a.read_bytes() == b"xy"
+
+
+def test_a_failed_sync_at_eviction_fails_the_next_call(tmp_path: Path) -> None:
+    """A descriptor written since its last sync is synced before the cache closes it; when
+    that sync fails (here a FIFO, where fdatasync is EINVAL), the next call raises instead
+    of a later sync reporting success over what the kernel may have dropped."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        files = OpenFiles(1)
+        d = AppendDescriptor(str(fifo), files)
+        _write(d, b"unsynced")
+        other = tmp_path / "other"
+        other.write_bytes(b"")
+        AppendDescriptor(str(other), files).close()  # evicts the FIFO's descriptor
+        with pytest.raises(OSError) as info:
+            d.sync()
+        assert info.value.errno == errno.EIO
+        assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.EINVAL
+        with pytest.raises(OSError):
+            _write(d, b"more")
+        d.close()
+        assert os.read(reader, 100) == b"unsynced"
+    finally:
+        os.close(reader)
+
+
+def test_a_missing_file_or_bad_limit_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        AppendDescriptor(str(tmp_path / "missing"), OpenFiles(2))
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="positive integer"):
+            OpenFiles(bad)  # type: ignore[arg-type]
+    proc = run_python(
+        "import persistlog, sys\npersistlog.open(sys.argv[1], lambda emit: None)\n",
+        str(tmp_path / "log"),
+        env_extra={LIMIT_VARIABLE: "many"},
+    )
+    assert proc.returncode != 0 and f"{LIMIT_VARIABLE}='many': expected a positive number" in proc.stderr
+
+
+_MANY = textwrap.dedent("""
+    import json, os, sys, persistlog
+    root, n = sys.argv[1], int(sys.argv[2])
+    before = len(os.listdir("/proc/self/fd"))
+    logs = [persistlog.open(os.path.join(root, f"log-{i}"), lambda emit: None, durability="fsync") for i in range(n)]
+    for round in range(3):
+        for i, lg in enumerate(logs):
+            lg.update({"log": i, "round": round}, sync=True)
+    during = len(os.listdir("/proc/self/fd"))
+    for lg in logs:
+        lg.close()
+    print(json.dumps({"before": before, "during": during}))
+""")
+
+
+def test_many_logs_hold_at_most_the_limit_of_segment_descriptors_and_restore_exactly(tmp_path: Path) -> None:
+    proc = run_python(_MANY, str(tmp_path), "40", env_extra={LIMIT_VARIABLE: "5"})
+    assert proc.returncode == 0, proc.stderr
+    fds = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fds["during"] <= fds["before"] + 5 + 2  # the cache, and a directory being fsynced
+    import persistlog
+
+    for i in range(40):
+        got: list[object] = []
+        persistlog.restore(str(tmp_path / f"log-{i}"), got.append)
+        assert got == [{"log": i, "round": r} for r in range(3)]
