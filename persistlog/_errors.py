@@ -8,6 +8,7 @@
     ├── DestinationError       storage failed (wraps the OSError / client error as __cause__)
     ├── LogFailedError         the Log hit a write failure earlier and refuses further writes
     ├── LogClosedError         the Log was closed (also a RuntimeError)
+    │   └── HandedOver         the Log was handed over to a new writer that asked for it
     ├── EnumerateError         the app's enumerate_all raised during a rotation
     ├── CodecError             intact bytes that the app's Codec cannot turn back into its object
     ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
