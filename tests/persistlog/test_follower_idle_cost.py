@@ -17,6 +17,7 @@ from child_scripts import PROCS, child_env
 # -- idle cost ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_idle_local_follower_does_not_busy_loop(tmp_path: Path) -> None:
     w = Writer(str(tmp_path / "log"), segment_bytes=4096)
     for i in range(300):
@@ -38,6 +39,7 @@ def test_idle_local_follower_does_not_busy_loop(tmp_path: Path) -> None:
     assert r["cpu"] / r["wall"] < 0.2, r  # ...without spinning
 
 
+@pytest.mark.slow
 def test_idle_s3_follower_makes_one_request_per_poll(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     where = make_where("s3", request, tmp_path)
     w = Writer(where.url, where.so, segment_bytes=4096, **where.open_options)
