@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench soak reliability lint clean
+.PHONY: demo test check bench soak reliability lint clean
 
 $(STAMP): Makefile setup.cfg setup.py pyproject.toml persistlog/_cbor_json.c
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The fast lane while developing (about two minutes): every test but the slow, Spark and
+# soak ones (markers in setup.cfg; CONTRIBUTING.md). `make test` stays what CI runs.
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not spark"
 
 bench: $(STAMP)
 	$(PY) bench/run.py

@@ -300,6 +300,93 @@ def _header_in(seg: SegmentBytes) -> dict[str, Any] | None:
     return header_record(seg.get(F.SEGMENT_HEADER_SIZE, size))
 
 
+#: Reads while walking batch headers: small, since most of a window is payload skipped.
+WALK_CHUNK = 64 * 1024
+
+
+@dataclass(slots=True)
+class HeaderWalk:
+    """What one pass over a segment's batch headers found, reading the payloads of control
+    batches only: the segment's first LSN, the log's header record (in segment 0), the
+    snapshot-complete marker, and where each batch starts (when asked for).
+
+    Damage ends a walk quietly (``damage`` says what and where): planning reads little and
+    trusts nothing it did not check; a :class:`LogScanner` reads every byte and reports it.
+    """
+
+    first_lsn: int | None = None
+    header: dict[str, Any] | None = None
+    #: The last LSN of the snapshot (the complete marker's first LSN minus one).
+    complete_lsn: int | None = None
+    #: ``(offset, first LSN, size)`` of every batch walked, when asked for.
+    batches: list[tuple[int, int, int]] | None = None
+    #: The walk reached the end of the segment, or damage: nothing after it is left to walk.
+    done: bool = False
+    damage: Damage | None = None
+
+    @property
+    def after_gap(self) -> bool:
+        """Whether the log's header says that its writer left a gap before it."""
+        return self.header is not None and self.header.get(F.HEADER_AFTER_GAP) is True
+
+
+def walk_headers(
+    dest: Destination,
+    seq: int,
+    number: int,
+    name: str,
+    size: int | None,
+    *,
+    whole: bool = False,
+    limit: int | None = None,
+) -> HeaderWalk:
+    """One pass over the batch headers of segment ``number`` of log ``seq`` (``size``
+    bytes; None: not known, the reads find the end).
+
+    It stops at the complete marker unless ``whole`` (then it notes every batch), and
+    before the first batch after the log's header that starts at or past ``limit`` bytes
+    (then ``done`` is False): a plan reads the start of every log once (one read of up to
+    ``limit`` bytes), and walks on only where it must."""
+    walk = HeaderWalk(batches=[] if whole else None)
+    end = F.SEGMENT_HEADER_SIZE + F.MAX_BATCH_BYTES if size is None else size
+    chunk = WALK_CHUNK if limit is None else max(min(limit, WALK_CHUNK), F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE)
+    w = SegmentBytes(dest, name, end, chunk=chunk)
+    pos = 0
+    try:
+        sh = parse_segment_header(w.get(0, F.SEGMENT_HEADER_SIZE))
+        if sh.seq != seq or sh.segment != number:
+            raise Damage(f"segment header says log {sh.seq} segment {sh.segment}", 0)
+        walk.first_lsn = sh.first_lsn
+        pos = F.SEGMENT_HEADER_SIZE
+        while pos < end:
+            if limit is not None and pos >= limit and pos > F.SEGMENT_HEADER_SIZE and not whole:
+                return walk
+            head = w.get(pos, F.BATCH_HEADER_SIZE)
+            if size is None and len(head) < F.BATCH_HEADER_SIZE and not any(head):
+                break  # the end of a segment whose size was not known
+            h = parse_batch_header(head, pos)
+            if pos + h.size > end:
+                break
+            if walk.batches is not None:
+                walk.batches.append((pos, h.first_lsn, h.size))
+            if h.kind == F.KIND_CONTROL and walk.complete_lsn is None:
+                raw = check_payload(h, w.get(pos + F.BATCH_HEADER_SIZE, h.stored_len), pos)
+                for c in control_records(h, raw, pos):
+                    if c["t"] == F.CONTROL_HEADER and number == 0 and walk.header is None:
+                        walk.header = c
+                    elif c["t"] == F.CONTROL_COMPLETE:
+                        walk.complete_lsn = h.first_lsn - 1
+                if walk.complete_lsn is not None and not whole:
+                    walk.done = True
+                    return walk
+            pos += h.size
+    except Damage as d:
+        walk.damage = d
+        log.debug("walk of %s/%s stopped at %d: %s", dest.url, name, d.offset, d.reason)
+    walk.done = True
+    return walk
+
+
 class SegmentBytes:
     """A sliding window over one segment, refilled in large reads."""
 

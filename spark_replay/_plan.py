@@ -1,10 +1,12 @@
 """Planning a read on the driver: which logs, which byte ranges, and what each task needs.
 
-The driver lists the destination once and reads little: each log's first segment header
-(its first LSN, for ``from_lsn``/``to_lsn`` pruning and the log-to-log chain check), the
-batch headers of each log up to its snapshot-complete marker (which tells from which LSN a
-replay starting at that log gives the full state), and the batch headers of segments
-larger than a partition (to split them at batch boundaries). A partition holds at most
+The driver lists the destination once and reads little: the start of each log's first
+segment, once (``walk_headers``: its first LSN, for ``from_lsn``/``to_lsn`` pruning and the
+log-to-log chain check; its header, which says whether it follows a gap; and, where the
+snapshot is small, its snapshot-complete marker, which tells from which LSN a replay
+starting at that log gives the full state), the batch headers further on only where the
+marker was not in that read, and the batch headers of segments larger than a partition
+(to split them at batch boundaries). A partition holds at most
 ``max_partition_bytes``, and less when the whole read is small, so that every core gets a
 share (``min_partitions``, as Spark's file sources split files). Payloads are only
 read for control batches, which are small; everything else is checked by the executors,
@@ -21,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -28,24 +31,16 @@ from pyspark.sql.datasource import InputPartition
 
 from destinations import Destination, open_destination
 from persistlog import _format as F
-from persistlog._decoder import (
-    Damage,
-    check_payload,
-    control_records,
-    parse_batch_header,
-    parse_segment_header,
-)
 from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
 from persistlog._log_set import LogSet
-from persistlog._reader import ScanStart, SegmentBytes, declares_gap, list_logs
+from persistlog._reader import WALK_CHUNK, HeaderWalk, ScanStart, list_logs, walk_headers
+from persistlog._restore import gc_pause
 from persistlog._restore import plan as restore_plan
 
 from ._options import MIN_SPLIT_BYTES, ReadOptions
 
 log = logging.getLogger("spark_replay")
 
-# Reads while walking headers: small, since most of a window is payload we skip.
-WALK_CHUNK = 64 * 1024
 # Remote size look-ups and header walks are latency-bound: overlap them.
 IO_THREADS = 16
 # Logs of a set surveyed at once (each of them then overlaps its own reads).
@@ -112,14 +107,6 @@ class LogPartition(InputPartition):
 
 
 @dataclass
-class _Walk:
-    first_lsn: int | None = None
-    complete_lsn: int | None = None
-    # (offset, first LSN, size) of every batch, when the segment was walked whole.
-    batches: list[tuple[int, int, int]] | None = None
-
-
-@dataclass
 class _Log:
     seq: int
     segments: list[tuple[int, str]]
@@ -127,68 +114,33 @@ class _Log:
     sizes: list[int] = field(default_factory=list)
     first_lsn: int | None = None
     complete_lsn: int | None = None
-    walks: dict[int, _Walk] = field(default_factory=dict)
-
-
-def _walk_segment(
-    dest: Destination, seq: int, number: int, name: str, size: int, *, find_marker: bool, whole: bool
-) -> _Walk:
-    """Batch headers of one segment, stopping at the complete marker unless ``whole``.
-
-    Damage ends the walk quietly: the executors scan every byte and report it precisely.
-    """
-    walk = _Walk(batches=[] if whole else None)
-    w = SegmentBytes(dest, name, size, chunk=WALK_CHUNK)
-    try:
-        sh = parse_segment_header(w.get(0, F.SEGMENT_HEADER_SIZE))
-        if sh.seq != seq or sh.segment != number:
-            return walk
-        walk.first_lsn = sh.first_lsn
-        pos = F.SEGMENT_HEADER_SIZE
-        while pos < size:
-            h = parse_batch_header(w.get(pos, F.BATCH_HEADER_SIZE), pos)
-            if pos + h.size > size:
-                break
-            if walk.batches is not None:
-                walk.batches.append((pos, h.first_lsn, h.size))
-            if find_marker and h.kind == F.KIND_CONTROL and walk.complete_lsn is None:
-                raw = check_payload(h, w.get(pos + F.BATCH_HEADER_SIZE, h.stored_len), pos)
-                if any(c["t"] == F.CONTROL_COMPLETE for c in control_records(h, raw, pos)):
-                    walk.complete_lsn = h.first_lsn - 1
-                    if not whole:
-                        break
-            pos += h.size
-    except Damage as d:
-        log.debug("planning stopped walking %s/%s at %d: %s", dest.url, name, d.offset, d.reason)
-    return walk
+    #: The walk of the start of its first segment (None: segment 0 is missing).
+    start: HeaderWalk | None = None
+    walks: dict[int, HeaderWalk] = field(default_factory=dict)
 
 
 def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, n)), thread_name_prefix="persistlog-plan")
 
 
-def _first_lsn(dest: Destination, seq: int, segments: list[tuple[int, str]], recovery: str) -> int | None:
+def _start_of(
+    dest: Destination, seq: int, segments: list[tuple[int, str]], sizes: dict[str, int] | None, recovery: str
+) -> HeaderWalk | None:
+    """One read of the start of the log's first segment: its first LSN, its header (does it
+    follow a gap?) and, in a log whose snapshot is small, its complete marker."""
     number, name = segments[0]
     if number != 0:
         return None
-    try:
-        sh = parse_segment_header(dest.read(name, 0, F.SEGMENT_HEADER_SIZE))
-    except Damage as d:
-        if recovery == "strict":
-            raise CorruptLogError(d.reason, destination=dest.url, log=seq, segment=name, offset=0) from None
-        return None
-    if sh.seq != seq or sh.segment != 0:
-        if recovery == "strict":
-            raise CorruptLogError(
-                f"segment header says log {sh.seq} segment {sh.segment}",
-                destination=dest.url, log=seq, segment=name, offset=0,
-            )
-        return None
-    return sh.first_lsn
+    size = sizes[name] if sizes is not None else dest.size(name) if dest.appendable else None
+    walk = walk_headers(dest, seq, 0, name, size, limit=WALK_CHUNK)
+    if walk.first_lsn is None and walk.damage is not None and recovery == "strict":
+        raise CorruptLogError(walk.damage.reason, destination=dest.url, log=seq, segment=name, offset=0)
+    return walk
 
 
-def _sizes(dest: Destination, lg: _Log, opts: ReadOptions) -> None:
-    """Every segment's size (and the check that no segment is missing)."""
+def _sizes(dest: Destination, lg: _Log, opts: ReadOptions, sizes: dict[str, int] | None) -> None:
+    """Every segment's size (and the check that no segment is missing); ``sizes`` are
+    those already looked up, by name."""
     numbers = [n for n, _ in lg.segments]
     missing = tuple(sorted(set(range(numbers[-1] + 1)) - set(numbers)))
     if missing:
@@ -200,7 +152,9 @@ def _sizes(dest: Destination, lg: _Log, opts: ReadOptions) -> None:
             )
         log.warning("log %d at %s lacks segment(s) %s", lg.seq, dest.url, list(missing))
     lg.missing = missing
-    if dest.appendable:
+    if sizes is not None:
+        lg.sizes = [sizes[name] for _, name in lg.segments]
+    elif dest.appendable:
         lg.sizes = [dest.size(name) for _, name in lg.segments]
     else:
         lg.sizes = _map(dest.size, [name for _, name in lg.segments])
@@ -213,7 +167,10 @@ def _survey(dest: Destination, lg: _Log, split_bytes: int) -> None:
         find = lg.complete_lsn is None
         if not (whole or find):
             continue
-        walk = _walk_segment(dest, lg.seq, number, name, size, find_marker=find, whole=whole)
+        if number == 0 and not whole and lg.start is not None and lg.start.done:
+            walk = lg.start  # the start of the log was walked to its marker or its end
+        else:
+            walk = walk_headers(dest, lg.seq, number, name, size, whole=whole)
         lg.walks[number] = walk
         if find and walk.complete_lsn is not None:
             lg.complete_lsn = walk.complete_lsn
@@ -295,9 +252,22 @@ class _LogRead:
         return sum(sum(lg.sizes) for lg in self.kept)
 
 
-def _survey_log(dest: Destination, opts: ReadOptions) -> _LogRead:
-    """Which logs of ``dest`` the read takes, checked, with their segments' sizes."""
-    listing = list_logs(dest)
+def _survey_log(
+    dest: Destination,
+    opts: ReadOptions,
+    listing: dict[int, list[tuple[int, str]]] | None = None,
+) -> _LogRead:
+    """Which logs of ``dest`` the read takes, checked, with their segments' sizes.
+
+    ``listing`` is the one a log set's planning already took. The start of each log's
+    first segment is read once, here: its first LSN, whether it follows a gap, and (where
+    the snapshot is small) its complete marker."""
+    if listing is None:
+        listing = list_logs(dest)
+    sizes: dict[str, int] | None = None
+    if dest.appendable:
+        # A stat each: the start of every log and the sizes of the logs kept use them.
+        sizes = {name: dest.size(name) for segments in listing.values() for _n, name in segments}
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
@@ -310,18 +280,18 @@ def _survey_log(dest: Destination, opts: ReadOptions) -> _LogRead:
         assert rp.start is not None
         seqs = [s for s in seqs if s >= rp.start]
         expect_complete = rp.complete
+    starts = dict(zip(seqs, _map(lambda s: _start_of(dest, s, listing[s], sizes, opts.recovery), seqs)))
     # Logs whose writer declared that they do not continue the log before them (on a
     # secondary that was detached or behind): no replay reaches across one.
-    gaps = {seq for seq, d in zip(seqs, _map(lambda s: declares_gap(dest, listing[s]), seqs)) if d}
+    gaps = {seq for seq, start in starts.items() if start is not None and start.after_gap}
     for a, b in zip(seqs, seqs[1:]):
         if b != a + 1 and b not in gaps:
             raise CorruptLogError(
                 f"log {a + 1} is missing between logs {a} and {b}", destination=dest.url, log=a + 1
             )
-    logs = [_Log(seq, listing[seq]) for seq in seqs]
-    firsts = _map(lambda lg: _first_lsn(dest, lg.seq, lg.segments, opts.recovery), logs)
-    for lg, first in zip(logs, firsts):
-        lg.first_lsn = first
+    logs = [_Log(seq, listing[seq], start=starts[seq]) for seq in seqs]
+    for lg in logs:
+        lg.first_lsn = lg.start.first_lsn if lg.start is not None else None
     next_first: dict[int, int | None] = {
         lg.seq: (logs[i + 1].first_lsn if i + 1 < len(logs) else None) for i, lg in enumerate(logs)
     }
@@ -331,7 +301,7 @@ def _survey_log(dest: Destination, opts: ReadOptions) -> _LogRead:
         if not (opts.from_lsn is not None and (nf := next_first[lg.seq]) is not None and nf <= opts.from_lsn)
         and not (opts.to_lsn is not None and lg.first_lsn is not None and lg.first_lsn > opts.to_lsn)
     ]
-    _map(lambda lg: _sizes(dest, lg, opts), kept)
+    _map(lambda lg: _sizes(dest, lg, opts, sizes), kept)
     return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete)
 
 
@@ -429,80 +399,36 @@ def _partitions(
 # -- a log set: every log's partitions, planned at once, packed into tasks -----------------
 
 
-@dataclass(frozen=True)
-class LaterLog:
-    """A small log of a set that its task surveys itself (``plan_log``) before reading it:
-    what it costs to plan is spent on the executors, beside the reads, not on the driver."""
-
-    key: str
-    url: str
-    nbytes: int
-
-
 @dataclass(repr=False)
 class SetPartition(InputPartition):
-    """One task's share of a log set, read in turn: ranges of logs planned on the driver
-    (``LogPartition``) and whole small logs the task plans itself (``LaterLog``)."""
+    """One task's share of a log set: ranges of its logs, planned on the driver, read in
+    turn (a small log is one range, read whole)."""
 
-    opts: ReadOptions
-    target: int
-    units: tuple[LogPartition | LaterLog, ...] = ()
+    units: tuple[LogPartition, ...] = ()
 
     @property
     def nbytes(self) -> int:
         return sum(u.nbytes for u in self.units)
 
     def __repr__(self) -> str:
-        later = sum(isinstance(u, LaterLog) for u in self.units)
-        return (
-            f"SetPartition({len(self.units) - later} range(s), {later} whole log(s), "
-            f"~{self.nbytes} bytes)"
-        )
+        logs = len({u.log_key for u in self.units})
+        return f"SetPartition({len(self.units)} range(s) of {logs} log(s), ~{self.nbytes} bytes)"
 
     def ranges(self) -> Iterator[LogPartition]:
-        """Every range this task reads, in order (whole logs planned as they come)."""
-        for unit in self.units:
-            if isinstance(unit, LogPartition):
-                yield unit
-            else:
-                yield from plan_log(unit.key, unit.url, self.opts, self.target)
-
-
-def plan_log(key: str, url: str, opts: ReadOptions, target: int) -> list[LogPartition]:
-    """The ranges of one log of a set, ``target`` bytes each at most (``opts`` are the
-    read's, for one log); none when the key's directory holds no log yet (an open that
-    failed, a key being created)."""
-    dest = open_destination(url, **opts.storage_options)
-    try:
-        return _partitions_of(_survey_log(dest, opts), opts, target, key)
-    except LogNotFoundError:
-        log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
-        return []
-    except FileNotFoundError as e:
-        raise _vanished(e, url) from e
-    finally:
-        dest.close()
-
-
-def _log_bytes(dest: Destination) -> int:
-    """Bytes of every segment of every log at ``dest`` (0: no log)."""
-    listing = list_logs(dest)
-    names = [name for segments in listing.values() for _n, name in segments]
-    if dest.appendable:
-        return sum(dest.size(name) for name in names)
-    return sum(_map(dest.size, names))
+        """Every range this task reads, in order."""
+        yield from self.units
 
 
 def plan_set(opts: ReadOptions) -> list[SetPartition]:
     """The partitions of a read of every log of the log set at ``opts.url``.
 
-    The keys are listed shard by shard (``LogSet.keys``) and each log's bytes are counted
-    (one listing and its segments' sizes; on a remote store ``SET_THREADS`` logs at once);
-    the share per task is worked out from the bytes of the whole set. A log within one
-    share is read whole by one task, which plans it itself (``LaterLog``): planning a log
-    costs some reads of headers, which a set of many small logs would otherwise make the
-    driver do one log after the other. A bigger log is planned here, as a read of one log
-    is, and cut into ranges. Tasks take logs and ranges in key order up to the share.
+    The keys are listed shard by shard (``LogSet.keys``), then each key's log is surveyed
+    as a read of one log is, once: its directory listed, its segments sized, and the start
+    of each of its logs read (first LSN, gap, complete marker: one read where the snapshot
+    is small), on a remote store ``SET_THREADS`` keys at once. The share per task is worked
+    out from the bytes of the whole set; a log bigger than a share is cut into ranges.
+    Tasks take ranges in key order up to the share, so that a set of many small logs is
+    spread over every core as a big log is, and a task only reads.
     """
     logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
     keys = list(logset.keys())
@@ -511,23 +437,40 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     local = root.appendable
     root.close()
 
-    def size(key: str) -> int:
+    def survey(key: str) -> _LogRead | None:
         dest = open_destination(logset.url(key), **opts.storage_options)
         try:
-            return _log_bytes(dest)
+            listing = list_logs(dest)
+            if not listing:
+                log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
+                dest.close()
+                return None
+            return _survey_log(dest, single, listing)
         except FileNotFoundError as e:
-            raise _vanished(e, dest.url) from e
-        finally:
             dest.close()
+            raise _vanished(e, dest.url) from e
+        except BaseException:
+            dest.close()
+            raise
 
-    sizes = _map_logs(size, keys, local)
-    target = split_bytes(sum(n + LOG_COST_BYTES for n in sizes if n), opts)
-    big = [key for key, n in zip(keys, sizes) if n + LOG_COST_BYTES > target]
-    ranges = dict(zip(big, _map_logs(lambda key: plan_log(key, logset.url(key), single, target), big, local)))
-    units: list[LogPartition | LaterLog] = []
-    for key, n in zip(keys, sizes):
-        if n:
-            units.extend(ranges[key] if key in ranges else [LaterLog(key, logset.url(key), n)])
+    reads: list[tuple[str, _LogRead]] = []
+    # Thousands of small objects per thousand logs: the cyclic GC is paused meanwhile, as
+    # during a replay (it would scan the driver's whole heap over and over).
+    with gc_pause.during_replay(), _closing(reads):
+        for key, read in zip(keys, _map_logs(survey, keys, local)):
+            if read is not None:
+                reads.append((key, read))
+        found = [(key, read) for key, read in reads if read.nbytes]
+        target = split_bytes(sum(read.nbytes + LOG_COST_BYTES for _key, read in found), opts)
+
+        def ranges(item: tuple[str, _LogRead]) -> list[LogPartition]:
+            key, read = item
+            try:
+                return _partitions_of(read, single, target, key)
+            except FileNotFoundError as e:
+                raise _vanished(e, read.dest.url) from e
+
+        units = [unit for planned in _map_logs(ranges, found, local) for unit in planned]
     # Equal shares of the whole cost, each task cut where its share ends: as many tasks as
     # the target asks for, none a small remainder that would run alone after the others.
     costs = [u.nbytes + LOG_COST_BYTES for u in units]
@@ -536,23 +479,32 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     done, bound = 0, share
     for unit, cost in zip(units, costs):
         if not tasks or done >= bound:
-            tasks.append(SetPartition(single, target))
+            tasks.append(SetPartition())
             while bound <= done:
                 bound += share
         tasks[-1].units += (unit,)
         done += cost
     log.info(
-        "planned %d partition(s) over %d log(s) at %s (%s bytes; %d log(s) planned by their tasks)",
-        len(tasks), sum(1 for n in sizes if n), opts.url, sum(sizes),
-        sum(isinstance(u, LaterLog) for t in tasks for u in t.units),
+        "planned %d partition(s) over %d log(s) at %s (%s bytes)",
+        len(tasks), len(found), opts.url, sum(read.nbytes for _key, read in found),
     )
     return tasks
 
 
-def _map_logs(fn: Callable[[str], R], keys: list[str], local: bool) -> list[R]:
-    """``fn`` over the keys of a set: one after the other locally (each call is a few
+@contextmanager
+def _closing(reads: list[tuple[str, _LogRead]]) -> Iterator[None]:
+    """Close the destination of every log surveyed, however planning ends."""
+    try:
+        yield
+    finally:
+        for _key, read in reads:
+            read.dest.close()
+
+
+def _map_logs(fn: Callable[[T], R], items: list[T], local: bool) -> list[R]:
+    """``fn`` over the logs of a set: one after the other locally (each call is a few
     system calls, which threads would only slow down), ``SET_THREADS`` at once remotely."""
-    if local or len(keys) <= 1:
-        return [fn(key) for key in keys]
-    with ThreadPoolExecutor(min(SET_THREADS, len(keys)), thread_name_prefix="persistlog-plan-set") as pool:
-        return list(pool.map(fn, keys))
+    if local or len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(min(SET_THREADS, len(items)), thread_name_prefix="persistlog-plan-set") as pool:
+        return list(pool.map(fn, items))

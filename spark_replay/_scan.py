@@ -31,6 +31,7 @@ from persistlog._jsonify import (
     to_json,
 )
 from persistlog._reader import Batch, LogScanner
+from persistlog._restore import gc_pause
 
 from ._plan import LogPartition, SetPartition
 from ._schema import TIMESTAMP, arrow_schema
@@ -132,29 +133,35 @@ class _Range:
 class _Column:
     """One column of the rows gathered so far.
 
-    Runs of a batch's size are built by Arrow itself (a repeated value, a count up) and
-    kept as chunks; small batches go through a Python list, since an Arrow call per batch
-    costs more than a list when batches hold a record or two.
+    A batch's rows share most of their values (its log, segment, commit time, kind): such
+    values are kept as runs and decoded by Arrow in one call per Arrow batch, since an
+    Arrow call per batch costs more than the batch's rows when a set's logs hold a few
+    hundred records each. Other values go through a Python list; arrays built elsewhere
+    (the C path's text) are kept as chunks.
     """
 
     def __init__(self, type_: pa.DataType) -> None:
         self.type = type_
         self.chunks: list[pa.Array] = []
         self.pending: list[Any] = []
+        # Runs of one value: run i holds run_values[i] up to row run_ends[i] (exclusive).
+        self.run_values: list[Any] = []
+        self.run_ends: list[int] = []
 
     def repeat(self, value: Any, n: int) -> None:
-        if n >= _ARROW_RUN:
-            self.chunk(pa.repeat(pa.scalar(value, self.type), n))
+        if n <= 0:
+            return
+        if self.pending:
+            self._cut()
+        if self.run_values and self.run_values[-1] == value:
+            self.run_ends[-1] += n
         else:
-            self.pending.extend(repeat(value, n))
-
-    def count_up(self, first: int, n: int) -> None:
-        if n >= _ARROW_RUN:
-            self.chunk(pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, self.type), n)), first - 1))
-        else:
-            self.pending.extend(range(first, first + n))
+            self.run_values.append(value)
+            self.run_ends.append((self.run_ends[-1] if self.run_ends else 0) + n)
 
     def extend(self, values: Iterable[Any]) -> None:
+        if self.run_values:
+            self._cut()
         self.pending.extend(values)
 
     def chunk(self, array: pa.Array) -> None:
@@ -165,6 +172,17 @@ class _Column:
         if self.pending:
             self.chunks.append(pa.array(self.pending, self.type))
             self.pending = []
+        if self.run_values:
+            self.chunks.append(self._decoded())
+            self.run_values, self.run_ends = [], []
+
+    def _decoded(self) -> pa.Array:
+        if len(self.run_values) == 1:
+            return pa.repeat(pa.scalar(self.run_values[0], self.type), self.run_ends[0])
+        runs = pa.RunEndEncodedArray.from_arrays(
+            pa.array(self.run_ends, pa.int64()), pa.array(self.run_values, self.type)
+        )
+        return pc.run_end_decode(runs)
 
     def finish(self) -> pa.Array:
         self._cut()
@@ -174,8 +192,17 @@ class _Column:
         return pa.concat_arrays(chunks) if chunks else pa.array([], self.type)
 
 
-# Rows from which a batch's columns are built by Arrow rather than through a list.
-_ARROW_RUN = 64
+class _CountColumn(_Column):
+    """A column of runs that count up by one (LSNs): a run is kept as its first value
+    less the row it starts at, so that runs that continue each other merge."""
+
+    def count_up(self, first: int, n: int) -> None:
+        self.repeat(first - (self.run_ends[-1] if self.run_ends else 0), n)
+
+    def _decoded(self) -> pa.Array:
+        rows = self.run_ends[-1]
+        index = pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, self.type), rows)), 1)
+        return pc.add(super()._decoded(), index)
 
 
 def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:
@@ -203,7 +230,7 @@ class _Columns:
         self.log_keys = _Column(pa.string())
         self.seqs = _Column(pa.int64())
         self.segments = _Column(pa.int64())
-        self.lsns = _Column(pa.int64())
+        self.lsns = _CountColumn(pa.int64())
         self.commits = _Column(TIMESTAMP)
         self.kinds = _Column(pa.string())
         self.records = _Column(pa.string())
@@ -401,14 +428,17 @@ def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
 def read_set(part: SetPartition, view: str) -> Iterator[Any]:
     """The rows of a log set's task: each of its logs' ranges in turn, gathered into Arrow
     batches of up to ``CHUNK_ROWS`` rows whichever logs they come from."""
-    if view == "corrupt":
+    # Many small logs make many small objects: the cyclic GC is paused meanwhile, as
+    # during a replay.
+    with gc_pause.during_replay():
+        if view == "corrupt":
+            for p in part.ranges():
+                yield from read_problems(p)
+            return
+        cols: _Columns | None = None
         for p in part.ranges():
-            yield from read_problems(p)
-        return
-    cols: _Columns | None = None
-    for p in part.ranges():
-        if cols is None:
-            cols = _Columns(p)
-        yield from _records_into(p, cols)
-    if cols is not None and cols.rows:
-        yield cols.flush()
+            if cols is None:
+                cols = _Columns(p)
+            yield from _records_into(p, cols)
+        if cols is not None and cols.rows:
+            yield cols.flush()

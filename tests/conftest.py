@@ -15,3 +15,21 @@ def _dead_threads_are_quiet() -> Iterator[None]:
     filterwarnings=error)."""
     with quiet_crash_threads():
         yield
+
+
+#: Fixtures that start (or share) the run's local Spark session.
+SPARK_FIXTURES = frozenset({"spark", "shared_spark"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that asks for the Spark session carries the ``spark`` marker, so that
+    ``-m "not spark"`` (``make check``) leaves out every test that starts Spark."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("spark") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests that use the Spark session must be marked @pytest.mark.spark: " + ", ".join(unmarked)
+        )

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 DESIGN = ROOT / "docs" / "DESIGN.md"
 
@@ -82,6 +84,7 @@ def problems(rel: str, text: str, root: Path, invariants: int, sections: set[str
     return found
 
 
+@pytest.mark.slow
 def test_every_citation_resolves() -> None:
     design = DESIGN.read_text()
     invariants, sections = design_invariants(design), design_sections(design)

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FORMAT_MODULES = {"_format.py", "_encoder.py", "_decoder.py"}
 
 
+@pytest.mark.slow
 def test_dependencies_point_one_way() -> None:
     # spark_replay -> persistlog -> destinations, never back (import-linter contract in setup.cfg).
     linter = Path(sys.executable).with_name("lint-imports")
@@ -49,6 +50,7 @@ def test_destinations_import_neither_core_nor_spark() -> None:
         assert not re.search(r"^\s*(from|import) (persistlog|spark_replay)\b", text, re.M), path
 
 
+@pytest.mark.slow
 def test_public_api_is_typed_strictly() -> None:
     pytest.importorskip("mypy")  # a test extra; an install without it skips this check
     # The packages come from setup.cfg's [mypy] section: persistlog, destinations, spark_replay.

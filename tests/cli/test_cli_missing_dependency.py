@@ -34,6 +34,7 @@ def cli_without_zstandard(*argv: str) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_verify_cannot_check_and_says_what_to_install(zstd_log: str) -> None:
     status, out, err = cli_without_zstandard("verify", zstd_log)
     assert status == 2, err
@@ -45,6 +46,7 @@ def test_verify_cannot_check_and_says_what_to_install(zstd_log: str) -> None:
     assert status == 2 and doc["ok"] is False and doc["exit_status"] == 2 and HINT in doc["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [["--force"], ["--force", "--dry-run"], []])
 def test_repair_refuses_and_cuts_nothing(zstd_log: str, mode: list[str]) -> None:
     before = tree_digest(zstd_log)
@@ -57,6 +59,7 @@ def test_repair_refuses_and_cuts_nothing(zstd_log: str, mode: list[str]) -> None
     assert cli("verify", zstd_log).status == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["restore-check", "dump", "info", "tail"])
 def test_readers_stop_with_the_install_hint(zstd_log: str, command: str) -> None:
     status, out, err = cli_without_zstandard(command, zstd_log)

@@ -29,6 +29,7 @@ from kv_app import restore_state
 # -- usage and errors ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_help_shows_examples_and_exit_statuses() -> None:
     run = cli_subprocess("--help")
     assert run.status == 0
@@ -204,6 +205,7 @@ def test_a_damaged_current_is_only_a_warning(logdir: str) -> None:
     assert "damaged (readers search the logs)" in cli("info", logdir).out
 
 
+@pytest.mark.slow
 def test_verify_exit_statuses_as_a_child_process(logdir: str, tmp_path: Path) -> None:
     assert cli_subprocess("verify", logdir).status == 0
     tear_newest(logdir)
@@ -214,6 +216,7 @@ def test_verify_exit_statuses_as_a_child_process(logdir: str, tmp_path: Path) ->
     assert cli_subprocess("verify", str(tmp_path / "missing")).status == 2
 
 
+@pytest.mark.slow
 def test_every_command_as_a_child_process(logdir: str) -> None:
     """The JSON of each command parses when it comes through a real pipe, and the exit
     statuses reach the shell."""
@@ -306,6 +309,7 @@ def test_tail_stops_at_corruption_with_status_1(logdir: str) -> None:
     assert last["ok"] is False and last["exit_status"] == 1 and f"offset {victim.offset}" in last["error"]
 
 
+@pytest.mark.slow
 def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "persistlog", "tail", "-f", logdir, "--json", "--interval", "0.05"],
@@ -517,6 +521,7 @@ def test_progress_line_only_on_a_terminal() -> None:
 # -- object stores ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_commands_reach_s3_through_storage_options(s3_bucket: str, s3_storage_options: dict) -> None:
     url = f"s3://{s3_bucket}/app"

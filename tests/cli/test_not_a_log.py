@@ -83,6 +83,7 @@ def test_a_missing_directory_says_so(tmp_path: Path) -> None:
     assert run.err.strip() == f"persistlog: no persistlog log at {tmp_path / 'nothing'}: the directory does not exist"
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("command", COMMANDS)
 def test_s3_missing_bucket_and_empty_prefix(s3_bucket: str, s3_storage_options: dict, command: str) -> None:
@@ -133,6 +134,7 @@ def test_restore_check_labels_log_seqs_as_seqs(logdir: str) -> None:
 # -- is waited for, but not where none can ever be -------------------------------------
 
 
+@pytest.mark.slow
 def test_tail_follow_fails_at_once_on_a_regular_file(tmp_path: Path) -> None:
     # A child process: a tail -f that waits for the file to become a directory never ends.
     f = tmp_path / "state.db"
@@ -146,6 +148,7 @@ def test_tail_follow_fails_at_once_on_a_regular_file(tmp_path: Path) -> None:
     assert f.read_text() == "x"
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_tail_follow_fails_at_once_on_a_missing_bucket(s3_storage_options: dict) -> None:
     endpoint = s3_storage_options["client_kwargs"]["endpoint_url"]
@@ -158,6 +161,7 @@ def test_tail_follow_fails_at_once_on_a_missing_bucket(s3_storage_options: dict)
     )
 
 
+@pytest.mark.slow
 def test_tail_follow_without_wait_fails_on_a_typo_at_once(tmp_path: Path) -> None:
     """A mistyped path is not a quiet log: tail -f says there is no log there (exit 2)."""
     run = cli_subprocess("tail", "-f", str(tmp_path / "typo"), timeout=60)
@@ -166,6 +170,7 @@ def test_tail_follow_without_wait_fails_on_a_typo_at_once(tmp_path: Path) -> Non
     assert cli_subprocess("tail", "--wait", str(tmp_path / "typo"), timeout=60).status == 2
 
 
+@pytest.mark.slow
 def test_tail_follow_wait_waits_for_a_log_in_a_directory_not_made_yet(tmp_path: Path) -> None:
     url = str(tmp_path / "later" / "log")
     proc = subprocess.Popen(

@@ -62,6 +62,7 @@ CONSUMER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["closed", "interrupted"])
 def test_a_slow_consumer_resumes_after_the_last_line_it_finished(many: str, tmp_path: Path, mode: str) -> None:
     """``tail -f --json | consumer``: the consumer gets 739 of 2,000 lines before it stops;
@@ -106,6 +107,7 @@ def test_a_slow_consumer_resumes_after_the_last_line_it_finished(many: str, tmp_
     assert lsns == list(range(740, RECORDS + 1))
 
 
+@pytest.mark.slow
 def test_every_record_cursor_resumes_right_after_its_record(logdir: str) -> None:
     """Across batches, segments, sealed logs and enumerations: resuming from the cursor of
     line k gives lines k+1.. exactly, in JSON and in the text form of --with-cursor."""
@@ -129,6 +131,7 @@ def test_every_record_cursor_resumes_right_after_its_record(logdir: str) -> None
     assert rest.out.splitlines() == text[k + 1:]
 
 
+@pytest.mark.slow
 def test_the_stop_message_names_the_last_line_written_and_what_it_means(logdir: str) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "persistlog", "tail", "-f", logdir, "--with-cursor", "--interval", "0.05"],

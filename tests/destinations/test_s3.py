@@ -59,6 +59,7 @@ def test_missing_bucket_is_a_clear_error(
     assert dest.stats()["PUT"] == 1  # a missing bucket is permanent: not retried
 
 
+@pytest.mark.slow
 def test_list_pages_through_continuation_tokens(
     s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:
@@ -75,6 +76,7 @@ def test_list_pages_through_continuation_tokens(
     assert dest.stats()["LIST"] - before == 5
 
 
+@pytest.mark.slow
 def test_expired_lease_takeover_has_one_winner(
     s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:

@@ -28,6 +28,7 @@ def options(port: int, **extra: object) -> dict[str, object]:
     return {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}, **extra}
 
 
+@pytest.mark.slow
 def test_restore_from_a_wrong_endpoint_fails_in_seconds_naming_it() -> None:
     port = closed_port()
     started = time.monotonic()
@@ -38,6 +39,7 @@ def test_restore_from_a_wrong_endpoint_fails_in_seconds_naming_it() -> None:
     assert f"http://127.0.0.1:{port}" in text and "gave up after 6 tries" in text
 
 
+@pytest.mark.slow
 def test_the_retry_options_are_read_by_the_driver_not_fsspec() -> None:
     port = closed_port()
     dest = open_destination("s3://bucket/app", **options(port, persistlog={"tries": 2, "retry_seconds": 15}))
@@ -52,6 +54,7 @@ def test_the_retry_options_are_read_by_the_driver_not_fsspec() -> None:
         open_destination("s3://bucket/app", **options(port, persistlog={"retries": 2}))
 
 
+@pytest.mark.slow
 def test_info_on_a_wrong_endpoint_exits_2_within_seconds() -> None:
     port = closed_port()
     started = time.monotonic()

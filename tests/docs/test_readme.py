@@ -135,7 +135,12 @@ def test_substitutions_follow_the_convention(tmp_path: Path) -> None:
     assert out == f'open("{target}"); x = "{target}"; s = "s3://b-1/app"; y = "a/b"'
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=repr)
+@pytest.mark.parametrize(
+    "block",
+    # Blocks that use spark_replay run in the shared Spark session: they are Spark tests.
+    [pytest.param(b, marks=[pytest.mark.spark] if "spark_replay" in b.code else []) for b in BLOCKS],
+    ids=repr,
+)
 def test_readme_block_runs(block: Block, readme_run: Run, request: pytest.FixtureRequest) -> None:
     earlier = [b for b in readme_run.failed if b.section == block.section]
     if earlier:

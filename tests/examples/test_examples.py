@@ -80,6 +80,7 @@ class KVService(ExampleService):
                 f.close()
 
 
+@pytest.mark.slow
 def test_kvstore_survives_kill_9(tmp_path: Path) -> None:
     url = str(tmp_path / "kv")
     svc = KVService(url)
@@ -111,6 +112,7 @@ def test_kvstore_survives_kill_9(tmp_path: Path) -> None:
 # -- sessions.py --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sessions_survive_a_restart(tmp_path: Path, run_example: Any) -> None:
     url = str(tmp_path / "sessions")
     proc = run_example("sessions.py", url, "--clients", "6", "--messages", "60")
@@ -163,6 +165,7 @@ def _write(url: str, start: int, count: int, **options: Any) -> dict[str, Any]:
     return state
 
 
+@pytest.mark.slow
 def test_replica_mirrors_and_resumes_from_its_cursor(tmp_path: Path, run_example: Any) -> None:
     url = str(tmp_path / "primary")
     state_file = str(tmp_path / "replica.json")
@@ -187,6 +190,7 @@ def test_replica_mirrors_and_resumes_from_its_cursor(tmp_path: Path, run_example
     assert "resets 1" in third.stdout and f"digest {_digest(primary)}" in third.stdout
 
 
+@pytest.mark.slow
 def test_replica_stops_at_an_lsn(tmp_path: Path, run_example: Any) -> None:
     url = str(tmp_path / "primary")
     _write(url, 0, 100)
@@ -199,6 +203,7 @@ def test_replica_stops_at_an_lsn(tmp_path: Path, run_example: Any) -> None:
 # -- demo.py --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_proves_its_claims_with_small_sizes(tmp_path: Path, run_example: Any) -> None:
     proc = run_example("demo.py", "--updates", "6000", "--no-spark", "--dir", str(tmp_path), timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -251,6 +256,7 @@ class AsyncKVService(ExampleService):
         return out
 
 
+@pytest.mark.slow
 def test_async_kv_answers_many_connections_and_survives_kill_9(tmp_path: Path) -> None:
     import asyncio
 
@@ -306,6 +312,7 @@ def test_async_kv_answers_many_connections_and_survives_kill_9(tmp_path: Path) -
 # -- live_table.py ------------------------------------------------------------------------
 
 
+@pytest.mark.spark
 def test_live_table_holds_every_record_once_across_a_restart(tmp_path: Path, run_example: Any) -> None:
     proc = run_example("live_table.py", "--out", str(tmp_path), "--seconds", "8", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -203,6 +203,7 @@ def test_no_storage_io_runs_on_the_loop_thread(clean_memory_fs: None) -> None:
     run(main)
 
 
+@pytest.mark.slow
 def test_the_loop_keeps_running_while_a_sync_is_in_progress(clean_memory_fs: None) -> None:
     """A ticker task counts its ticks while a (0.3 s) PUT is in progress with 256 tasks
     waiting in fsync mode: a sync on the loop's thread would leave it none."""
@@ -240,6 +241,7 @@ def test_the_loop_keeps_running_while_a_sync_is_in_progress(clean_memory_fs: Non
 # -- cancellation ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_cancelled_task_leaves_its_record_written_and_the_others_acknowledged(clean_memory_fs: None) -> None:
     plan = FaultPlan()
     url, so = faulty(plan)
@@ -342,6 +344,7 @@ def test_bad_records_raise_typeerror_in_the_task_and_write_nothing(log_dir: str)
     assert restore_state(log_dir)[0] == {"k": 1}
 
 
+@pytest.mark.slow
 def test_big_records_take_the_slow_path_off_the_loop(clean_memory_fs: None) -> None:
     """Records that do not fit beside what is buffered are appended on the executor (the
     slow path may write a batch first); one over the record limit is refused."""
@@ -481,6 +484,7 @@ def test_rotate_raises_enumerateerror_and_the_log_goes_on(log_dir: str) -> None:
 # -- rotation, signals, restore and follow ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rotations_while_tasks_update_keep_the_state(log_dir: str) -> None:
     """The recipe of README's asyncio section: the enumeration, on the rotation thread,
     takes the tasks' locks through the loop; every restore equals the live state."""
@@ -627,6 +631,7 @@ def test_async_for_raises_what_iterating_raises_and_stop_ends_it(log_dir: str) -
     run(main)
 
 
+@pytest.mark.slow
 def test_importing_persistlog_leaves_asyncio_to_asyncio_apps() -> None:
     """The CLI and sync apps do not pay for importing asyncio (a quarter of the import)."""
     code = "import sys, persistlog; persistlog.follow; print('asyncio' in sys.modules)"

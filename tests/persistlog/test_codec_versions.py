@@ -54,6 +54,7 @@ def write_orders(url: str, codec: persistlog.Codec, orders: list[Any]) -> None:
     log.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changed, field",
     [(OrderWithCurrency, "currency"), (OrderWithoutTotal, "total"), (OrderRenamed, "total")],

@@ -174,6 +174,7 @@ def kill_rounds(url: str, rounds: int, workers: tuple[int, int], child: str = CH
     return stats
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments(tmp_path: Any) -> None:
     stats = kill_rounds(str(tmp_path / "log"), ROUNDS, (2, 5))
     # The kills landed where they were aimed often enough to mean something.
@@ -183,6 +184,7 @@ def test_sigkill_at_random_moments(tmp_path: Any) -> None:
     assert stats["mid_close"] >= 1, stats  # typically 4 to 9
 
 
+@pytest.mark.slow
 def test_sigkill_asyncio_app_at_random_moments(tmp_path: Any) -> None:
     """The same kills and checks for an asyncio app (``crash_child_async.py``): tasks on
     one loop awaiting ``AsyncLog.update`` in fsync mode, sharing each fsync."""
@@ -193,6 +195,7 @@ def test_sigkill_asyncio_app_at_random_moments(tmp_path: Any) -> None:
     assert stats["mid_close"] >= 1, stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["first enumeration", "rotation enumeration"])
 def test_sigkill_during_enumeration_keeps_the_last_complete_log(tmp_path: Any, where: str) -> None:
     """Killed while enumerating: restore replays the last complete log and the incomplete

@@ -145,6 +145,7 @@ def is_complete(where: Where, seq: int) -> bool:
 # -- the behaviour suite ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_write_then_restore_equals_the_model(where: Where) -> None:
     app = RecordingApp()
     lg = app.open(where.url, **where.open_options)
@@ -161,6 +162,7 @@ def test_write_then_restore_equals_the_model(where: Where) -> None:
     assert where.records() == app.ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retain", [1, 2])
 def test_rotation_and_retention_keep_retain_complete_logs(where: Where, retain: int) -> None:
     app = RecordingApp()
@@ -182,6 +184,7 @@ def test_rotation_and_retention_keep_retain_complete_logs(where: Where, retain: 
     assert where.restore()[1].logs == [seqs[-1]]
 
 
+@pytest.mark.slow
 def test_second_writer_gets_writer_conflict_and_first_is_unharmed(where: Where) -> None:
     app = RecordingApp()
     lg = app.open(where.url, **where.open_options)
@@ -200,6 +203,7 @@ def test_second_writer_gets_writer_conflict_and_first_is_unharmed(where: Where) 
     assert where.restore()[0] == app.data
 
 
+@pytest.mark.slow
 def test_close_and_reopen_continue_the_chain(where: Where) -> None:
     app = RecordingApp()
     lg = app.open(where.url, retain=2, **where.open_options)
@@ -235,6 +239,7 @@ def _rewrite(where: Where, name: str, data: bytes) -> None:
     d.create(name, data)
 
 
+@pytest.mark.slow
 def test_torn_tails_and_corruption(where: Where) -> None:
     """A crash leaves a torn tail only where segments grow by append (local): dropped and
     reported. An object is written whole, so a short one is corruption. Damage anywhere
@@ -316,6 +321,7 @@ def test_primary_write_failure_is_raised_and_acknowledged_records_survive(clean_
 # -- S3 on the real moto server --------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_s3_lease_of_a_killed_writer_expires_then_a_new_writer_takes_over(
     request: pytest.FixtureRequest, tmp_path: Path
@@ -367,6 +373,7 @@ def test_s3_lease_of_a_killed_writer_expires_then_a_new_writer_takes_over(
     assert where.restore()[0] == app.data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("secondary_kind", ["memory", "s3", "local"])
 def test_restore_from_a_secondary_after_the_primary_is_deleted(
     secondary_kind: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -501,6 +508,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize(
     "fault",
@@ -575,6 +583,7 @@ def test_faulty_primary_transient_faults_are_retried(clean_memory_fs: None) -> N
     assert result.complete and result.next_lsn == lg.next_lsn
 
 
+@pytest.mark.slow
 def test_lease_is_renewed_whatever_the_flush_interval(clean_memory_fs: None) -> None:
     url = "memory://lease-cadence/log"
     first = persistlog.open(url, lambda emit: None, flush_interval=5, lease_ttl=1.0)

@@ -112,6 +112,7 @@ def test_flush_on_an_object_store_returns_after_the_put(clean_memory_fs: None) -
     assert len(restore_state(url)[0]) == 205
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_flush_on_s3_keeps_every_acknowledged_update_through_sigkill(
     s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path

@@ -19,6 +19,7 @@ from follower_harness import Where, Writer, check_chain, drain, where
 # -- cursor resume ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [11, 12])
 def test_cursor_resume_at_random_points_applies_each_record_once(where: Where, seed: int) -> None:
     """Stop the follower at random points (mid-segment, mid-object, at a seal, before any
@@ -100,6 +101,7 @@ def _overrun(w: Writer, where: Where, seq: int, retain: int) -> None:
     wait_until(lambda: seq not in where.log_seqs(), 20, lambda: f"log {seq} still at {where.names()}")
 
 
+@pytest.mark.slow
 def test_retention_overrun_resets_through_on_reset(where: Where) -> None:
     w = Writer(where.url, where.so, retain=1, **where.open_options)
     try:
@@ -143,6 +145,7 @@ def test_retention_overrun_resets_through_on_reset(where: Where) -> None:
         w.close()
 
 
+@pytest.mark.slow
 def test_follower_left_unpolled_past_retention_resets(where: Where) -> None:
     """The same follower object, not polled while retention deletes the logs after its
     position (it had read its log to the seal), resets on its next poll instead of
@@ -171,6 +174,7 @@ def test_follower_left_unpolled_past_retention_resets(where: Where) -> None:
         w2.close()
 
 
+@pytest.mark.slow
 def test_cursor_ahead_of_the_log_resets(where: Where) -> None:
     w = Writer(where.url, where.so, **where.open_options)
     try:

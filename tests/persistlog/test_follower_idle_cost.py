@@ -21,6 +21,7 @@ from child_scripts import PROCS, child_env
 # -- idle cost ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_idle_local_follower_does_not_busy_loop(tmp_path: Path) -> None:
     w = Writer(str(tmp_path / "log"), segment_bytes=4096)
     for i in range(300):
@@ -42,6 +43,7 @@ def test_idle_local_follower_does_not_busy_loop(tmp_path: Path) -> None:
     assert r["cpu"] / r["wall"] < 0.2, r  # ...without spinning
 
 
+@pytest.mark.slow
 def test_idle_s3_follower_lists_nothing_and_sends_at_most_two_requests_per_poll(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -156,6 +156,7 @@ def _follow_until(f: persistlog.Follower, replica: Replica, done: Callable[[pers
     raise AssertionError(f"the follower stopped at {f.cursor} (error {f.error!r})")
 
 
+@pytest.mark.slow
 def test_slow_follower_resets_whenever_retention_deletes_what_it_reads(racing_where: Where) -> None:
     """The race of a follower behind a writer rotating every 64 KiB with retain=1: the
     follower's log, and the log each reset starts again from, are deleted as it reads them.
@@ -214,6 +215,7 @@ def _retention_moves_to(where: Where, seq: int) -> None:
     assert where.log_seqs()[0] == seq
 
 
+@pytest.mark.slow
 def test_a_reset_survives_retention_deleting_the_log_it_starts_again_from(racing_where: Where) -> None:
     """The cursor's log is gone: the follower resets and reads the newest complete log;
     retention deletes that one too after the reset applied some of it: a second reset,

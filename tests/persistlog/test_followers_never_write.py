@@ -20,6 +20,7 @@ def _snapshot_local(path: Path) -> dict[str, tuple[int, int]]:
     return {e.name: (e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(path)}
 
 
+@pytest.mark.slow
 def test_followers_never_write(shared_where: Where, tmp_path: Path) -> None:
     where = shared_where
     w = Writer(where.url, where.so, retain=1, **where.open_options)

@@ -55,6 +55,7 @@ def _interrupt_repeatedly(tmp_path: Path, durability: str, seconds: float) -> tu
     return report, records
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("durability", ["fsync", "flush", "buffered"])
 def test_sigint_during_updates_propagates_and_loses_nothing(tmp_path: Path, durability: str) -> None:
     """SIGINT over and over during update()/update_many()/sync()/rotate(): every
@@ -143,6 +144,7 @@ def _check_restored(url: str, acked: int) -> None:
     assert have == acked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_an_interruption_at_any_storage_step_loses_nothing(tmp_path: Path, where: str, clean_memory_fs: None) -> None:
     """A KeyboardInterrupt raised before, and after, every storage call the app's thread

@@ -183,12 +183,14 @@ if ending == "exit3":
 """
 
 
-def _persistlog_threads() -> list[threading.Thread]:
-    """persistlog's threads but the process's runtime (which every Log shares)."""
+def _persistlog_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """persistlog's threads started since ``before`` was taken, but the process's runtime
+    (which every Log shares): the test's own Log's, whatever earlier tests left running."""
     shared = set(runtime().threads)
-    return [t for t in threading.enumerate() if t.name.startswith("persistlog-") and t not in shared]
+    return [t for t in threading.enumerate() if t.name.startswith("persistlog-") and t not in shared | before]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["end", "exit3"])
 @pytest.mark.parametrize("kind", ["log", "store"])
 def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str, ending: str) -> None:
@@ -208,10 +210,12 @@ def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str
         s.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_secondary", [False, True], ids=["alone", "with_secondary"])
 def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str, tmp_path: Any, with_secondary: bool) -> None:
     # A secondary's thread must not keep the Log alive either.
     secondaries = [str(tmp_path / "secondary")] if with_secondary else None
+    before = set(threading.enumerate())
     lg = persistlog.open(log_dir, lambda emit: None, flush_interval=3600, secondaries=secondaries)
     for i in range(10):
         lg.update(_put(i))  # buffered: only in the Log's memory
@@ -220,7 +224,7 @@ def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str, tmp_
         del lg
         # The rotation job may still hold it for a moment after open() returned.
         wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
-    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    wait_until(lambda: not _persistlog_threads(before), 20, "the Log to be closed and its threads to end")
     records: list[Any] = []
     result = persistlog.restore(log_dir, records.append)
     assert records == [_put(i) for i in range(10)]
@@ -232,9 +236,11 @@ def test_a_log_collected_unclosed_warns_and_keeps_its_records(log_dir: str, tmp_
     persistlog.open(log_dir, lambda emit: None, replay=lambda r: None).close()  # the lock is free
 
 
+@pytest.mark.slow
 def test_nothing_keeps_an_unreferenced_log_alive(log_dir: str) -> None:
     """Neither the exit registry nor the Log's jobs (flush, rotation) and threads (group
     commit) hold it: a dropped Log is collected, and its threads end."""
+    before = set(threading.enumerate())
     store = persistlog.ResourceStore.open(log_dir, durability="fsync", rotate_interval=3600)
     workers = [threading.Thread(target=lambda i=i: store.__setitem__(f"k{i}", i)) for i in range(8)]
     for w in workers:
@@ -246,7 +252,7 @@ def test_nothing_keeps_an_unreferenced_log_alive(log_dir: str) -> None:
         warnings.simplefilter("ignore", ResourceWarning)
         del store, workers
         wait_until(lambda: gc.collect() >= 0 and ref() is None, 20, "the Log to be collected")
-    wait_until(lambda: not _persistlog_threads(), 20, "the Log to be closed and its threads to end")
+    wait_until(lambda: not _persistlog_threads(before), 20, "the Log to be closed and its threads to end")
     s = persistlog.ResourceStore.open(log_dir)
     assert s.to_dict() == {f"k{i}": i for i in range(8)}
     s.close()

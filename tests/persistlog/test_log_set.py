@@ -235,6 +235,7 @@ def test_defaults_reach_every_log_and_close_closes_what_the_set_opened(tmp_path:
     again.close()
 
 
+@pytest.mark.slow
 def test_a_second_process_opening_the_same_log_gets_writer_conflict(tmp_path: Path) -> None:
     root = tmp_path / "set"
     with persistlog.LogSet(root) as logset:
@@ -260,6 +261,7 @@ def test_a_second_process_opening_the_same_log_gets_writer_conflict(tmp_path: Pa
     assert restored(persistlog.LogSet(root), "shared") == {"mine": 3}
 
 
+@pytest.mark.slow
 def test_every_log_restores_after_a_sigkill_of_a_writer_of_many(tmp_path: Path) -> None:
     """A child writes to 12 logs of a set in fsync mode (rotating every 5 records) and is
     killed; every log restores to a counter between its last acknowledged and its last
@@ -337,6 +339,7 @@ def s3_requests(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> S3Requests
     return spy
 
 
+@pytest.mark.slow
 def test_walking_a_set_on_s3_lists_one_level_at_a_time(
     s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: S3Requests
 ) -> None:
@@ -366,6 +369,7 @@ def test_walking_a_set_on_s3_lists_one_level_at_a_time(
     assert restored(logset, "queue/7") == {0: 0, 1: 1, 2: 2}
 
 
+@pytest.mark.slow
 def test_a_set_on_s3_refuses_a_log_at_its_root_and_the_second_writer(
     s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:

@@ -38,6 +38,7 @@ def restored(url: str) -> dict[str, Any]:
     return app["state"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_readme_change_under_a_small_record_trigger_restores_every_change(log_dir: str, mode: str) -> None:
     app = readme_app()
@@ -53,6 +54,7 @@ def test_readme_change_under_a_small_record_trigger_restores_every_change(log_di
     assert restored(log_dir) == app["state"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_readme_update_many_then_apply_under_a_small_byte_trigger_restores_every_batch(log_dir: str, mode: str) -> None:
     app = readme_app()

@@ -55,6 +55,7 @@ READ_WITHOUT_ZSTANDARD = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["strict", "skip", "follow"])
 def test_a_zstd_log_without_zstandard_is_not_corrupt(tmp_path: Path, how: str) -> None:
     url = str(tmp_path / "log")
@@ -86,12 +87,14 @@ OPEN_WITHOUT_ZSTANDARD = """
 """
 
 
+@pytest.mark.slow
 def test_writing_zstd_without_zstandard_says_what_to_install(tmp_path: Path) -> None:
     out = run_json(OPEN_WITHOUT_ZSTANDARD, str(tmp_path / "log"), hide=["zstandard"])
     assert out["raised"] == "ImportError" and "pip install 'persistlog[zstd]'" in out["message"]
     assert not (tmp_path / "log").exists()
 
 
+@pytest.mark.slow
 def test_a_gzip_or_plain_log_needs_no_zstandard(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     lg = persistlog.open(url, lambda emit: None, compression="gzip")

@@ -170,6 +170,7 @@ CHAIN = """
 """
 
 
+@pytest.mark.slow
 def test_registered_classes_cannot_recurse_without_bound(tmp_path: Path) -> None:
     """A Codec's encode functions are called from inside cbor2's recursion, where no check
     made beforehand can see what they return: a linked list of 5,000 dataclasses would
@@ -213,6 +214,7 @@ NO_ACCELERATOR = """
 """
 
 
+@pytest.mark.slow
 def test_without_the_c_accelerator_the_python_check_refuses_too(tmp_path: Path) -> None:
     out = run_json(NO_ACCELERATOR, str(tmp_path / "log"), hide=["persistlog._cbor_json"])
     assert out["pure"] is True

@@ -98,6 +98,7 @@ def verdict(fn: Callable[[], Any]) -> Any:
 # -- the boundary finder ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @given(st.lists(plain_values, max_size=30), st.integers(1, 300))
 def test_bounds_agree_with_cbor2_on_plain_records(records: list[Any], slice_bytes: int) -> None:
     raw, starts = encoded(records)
@@ -113,6 +114,7 @@ def test_bounds_agree_with_cbor2_on_plain_records(records: list[Any], slice_byte
         assert ends[hi - 2] - starts[lo] < slice_bytes if hi - lo > 1 else True
 
 
+@pytest.mark.slow
 @given(st.lists(tagged_values, max_size=20), st.integers(1, 100))
 def test_bounds_are_right_or_absent_on_any_records(records: list[Any], slice_bytes: int) -> None:
     raw, starts = encoded(records)
@@ -137,6 +139,7 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@pytest.mark.slow
 @given(st.lists(plain_values | tagged_values, max_size=25), st.integers(1, 300), st.booleans())
 def test_slices_built_in_c_are_the_values_cbor2_builds(records: list[Any], slice_bytes: int, canonical: bool) -> None:
     raw, _ = encoded(records, canonical)
@@ -173,6 +176,7 @@ def test_tags_and_indefinite_lengths_are_left_to_cbor2() -> None:
     assert record_bounds(b"\x62\xc3\x28", 1, 0, 10) is None  # invalid UTF-8
 
 
+@pytest.mark.slow
 @given(st.lists(plain_values, min_size=1, max_size=20))
 def test_bounds_never_read_past_their_bytes(records: list[Any]) -> None:
     # The bytes after the cut are the rest of valid records: a finder reading past the
@@ -197,6 +201,7 @@ def test_bounds_refuse_impossible_counts() -> None:
 # -- record_slices against decoding whole -----------------------------------------------
 
 
+@pytest.mark.slow
 @given(st.lists(plain_values | tagged_values, max_size=25), st.integers(1, 200),
        st.sampled_from([F.KIND_UPDATE, F.KIND_SNAPSHOT, F.KIND_MIXED]))
 def test_slices_give_the_records_decoding_whole_gives(records: list[Any], slice_bytes: int, kind: int) -> None:
@@ -210,6 +215,7 @@ def test_slices_give_the_records_decoding_whole_gives(records: list[Any], slice_
     assert as_bytes(got) == as_bytes(whole) and bitmap == whole_bitmap
 
 
+@pytest.mark.slow
 @given(st.lists(plain_values, min_size=1, max_size=15), st.data(),
        st.sampled_from([F.KIND_UPDATE, F.KIND_MIXED]))
 def test_damage_is_reported_as_decoding_whole_reports_it(records: list[Any], data: Any, kind: int) -> None:
@@ -360,6 +366,7 @@ def test_golden_logs_read_the_same_slice_by_slice(case: str, monkeypatch: pytest
     assert readers()[2] == dumped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", _golden_cases())
 def test_golden_logs_read_the_same_in_the_spark_reader(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Spark reader's Python path (the C JSON path turned off), in one-record slices,

@@ -163,6 +163,7 @@ def test_replay_of_records_in_lsn_order_with_apply(log_dir: str) -> None:
 # -- limits at the edges: oversize calls, deep records, bad metadata ---------------------
 
 
+@pytest.mark.slow
 def test_update_many_larger_than_a_batch_is_refused_whole(log_dir: str) -> None:
     lg = persistlog.open(log_dir, lambda emit: None, durability="fsync", rotate_bytes=None)
     lg.update({"op": "put", "key": "before", "value": 1})
@@ -177,6 +178,7 @@ def test_update_many_larger_than_a_batch_is_refused_whole(log_dir: str) -> None:
     assert result.records == 2  # nothing of the refused call was written
 
 
+@pytest.mark.slow
 def test_big_update_many_is_one_batch_even_beside_buffered_records(log_dir: str) -> None:
     """A call that does not fit beside what is buffered goes into a batch of its own
     (what was buffered is written first), so a crash cannot keep half of it."""

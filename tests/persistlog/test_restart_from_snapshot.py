@@ -86,6 +86,7 @@ def test_open_after_close_rotate_starts_without_enumerating(log_dir: str) -> Non
     assert again.enumerations == 1 and again.state == app.state
 
 
+@pytest.mark.slow
 def test_a_store_reopened_after_close_rotate_replays_the_snapshot_once(tmp_path: Any) -> None:
     url = str(tmp_path / "store")
     store = persistlog.ResourceStore.open(url)
@@ -212,6 +213,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_crash_after_opening_without_enumerating_loses_no_durable_update(log_dir: str) -> None:
     expected = written_with_rotating_close(log_dir)
     child = subprocess.Popen([sys.executable, "-c", _CHILD, log_dir], stdout=subprocess.PIPE, text=True,

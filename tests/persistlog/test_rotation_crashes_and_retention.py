@@ -23,6 +23,7 @@ from persistlog import _format as F
 # -- restarts and retention -------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retain", [1, 2, 3])
 def test_reopen_many_times_keeps_retain_complete_logs(tmp_path: Any, retain: int) -> None:
     url = str(tmp_path / "log")
@@ -192,6 +193,7 @@ def test_old_logs_stay_until_current_names_a_newer_complete_log(log_dir: str) ->
     assert log_seqs(log_dir) == [3]
 
 
+@pytest.mark.slow
 def test_rotation_under_concurrent_updates(tmp_path: Any) -> None:
     """Threads update their own resources while rotations run back to back; the restored
     state is exactly the final state (after a close, and after a crash)."""

@@ -49,6 +49,7 @@ print(json.dumps({"before": before, "threads": threads, "workers": rt.workers, "
 """
 
 
+@pytest.mark.slow
 def test_two_hundred_open_logs_share_a_few_threads_and_wake_nothing_while_idle() -> None:
     r = run_json(_MANY_LOGS, "200", "2.0")
     # The timer thread and the workers, whatever the number of logs.
@@ -200,6 +201,7 @@ def test_a_forked_child_gets_a_runtime_of_its_own(log_dir: str) -> None:
     assert records == [{"op": "put", "key": 1}]
 
 
+@pytest.mark.slow
 def test_the_timer_polls_only_while_a_signal_trigger_is_installed(log_dir: str) -> None:
     rt = runtime()
     lg = persistlog.open(log_dir, lambda emit: None, rotate_on_signal=signal.SIGUSR2)

@@ -95,6 +95,7 @@ def faulty(plan: FaultPlan) -> tuple[str, dict[str, Any]]:
 # -- every record everywhere --------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("primary_kind", ["local", "s3"])
 def test_every_record_reaches_every_destination(
     primary_kind: str, tmp_path: Path, clean_memory_fs: None, s3_bucket: str, s3_storage_options: dict[str, Any]
@@ -141,6 +142,7 @@ def test_every_record_reaches_every_destination(
 # -- add_destination / remove_destination ----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["local", "memory", "s3"])
 def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -199,6 +201,7 @@ def test_add_destination_returns_with_a_complete_log_and_remove_detaches(
     other.open(url, storage_options=so).close()
 
 
+@pytest.mark.slow
 def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_memory_fs: None) -> None:
     """open() goes on without a secondary it cannot take (detached, stats say why), and
     takes it as soon as it can, with a new log; add_destination() of one raises."""
@@ -243,6 +246,7 @@ def test_unusable_or_locked_secondary_does_not_stop_open(tmp_path: Path, clean_m
 # -- failures detach, the next rotation re-attaches ---------------------------------------
 
 
+@pytest.mark.slow
 def test_failing_secondary_is_detached_then_reattached(tmp_path: Path, clean_memory_fs: None,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     plan = Switch()
@@ -353,6 +357,7 @@ def test_secondary_whose_lease_was_taken_is_not_written_again(tmp_path: Path, cl
 # -- backpressure and slowness --------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slow_secondary_blocks_updates_only_when_its_queue_is_full(tmp_path: Path, clean_memory_fs: None) -> None:
     plan = Switch()
     url, so = faulty(plan)
@@ -400,6 +405,7 @@ def test_slow_secondary_blocks_updates_only_when_its_queue_is_full(tmp_path: Pat
     assert restore_state(url, storage_options=so)[0] == app.data
 
 
+@pytest.mark.slow
 def test_delayed_secondary_writes_lose_nothing(tmp_path: Path, clean_memory_fs: None) -> None:
     plan = FaultPlan().delay("pipe_file", 0.08, nth=1, times=10**6)
     url, so = faulty(plan)

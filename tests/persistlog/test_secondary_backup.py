@@ -76,6 +76,7 @@ def test_restart_over_a_secondary_left_behind_restores_a_prefix(kind: str, tmp_p
     assert cli("verify", sec_url).status == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.usefixtures("clean_memory_fs")
 def test_restarted_writer_opens_at_once_and_takes_the_secondary_when_the_lease_ends(
@@ -196,6 +197,7 @@ def test_follower_of_a_secondary_waits_at_a_gap_then_resyncs(tmp_path: Path) -> 
         f.stop()
 
 
+@pytest.mark.slow
 def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     """An S3 endpoint that refuses connections: open() goes on without it within its bound
     (no ~40 s of retries), and stats() says why."""
@@ -227,6 +229,11 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     assert state == app.data
     assert [(b.url, b.last_lsn, b.primary_last_lsn) for b in behind] == [("s3://nowhere/log", None, res.last_lsn)]
     assert "waited 0.5s" in behind[0].reason and behind[0].reason.startswith("detached"), behind[0].reason
+    # close() let the secondary's thread finish its attempt in the background (a few
+    # seconds of retries against the refused port): it ends here, not in a later test
+    # that counts persistlog's threads.
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "persistlog-secondary s3://nowhere/log"],
+               60, "the unreachable secondary's thread to end after close()")
 
 
 class Failing(FaultPlan):
@@ -242,6 +249,7 @@ class Failing(FaultPlan):
         return super().run(op, call)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("clean_memory_fs")
 def test_secondary_that_missed_logs_restores_the_state_before_them(tmp_path: Path) -> None:
     """A secondary failing through several rotations misses those logs; while the log that
@@ -287,6 +295,7 @@ def test_secondary_that_missed_logs_restores_the_state_before_them(tmp_path: Pat
     assert state == app.data and not res.after_gap
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("primary_kind", ["local", "s3"])
 def test_clean_close_after_a_crash_leaves_the_s3_pair_equal(
@@ -363,6 +372,7 @@ def _reopen_after_the_crash(tmp_path: Path, sec: tuple[str, dict[str, Any]], ack
     return app
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_clean_close_waits_for_a_secondary_a_killed_writer_still_leases(
     tmp_path: Path, s3_storage_options: dict[str, Any], s3_bucket: str
@@ -387,6 +397,7 @@ def test_clean_close_waits_for_a_secondary_a_killed_writer_still_leases(
     assert time.monotonic() - started < ttl + 10
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_close_reports_a_secondary_still_leased_past_its_bound(
     tmp_path: Path, s3_storage_options: dict[str, Any], s3_bucket: str, caplog: pytest.LogCaptureFixture

@@ -32,6 +32,7 @@ from persistlog.cli import main as cli_main
 # -- one writer -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_second_writer_gets_writer_conflict(log_dir: str) -> None:
     app = App({"a": 1})
     lg = app.open(log_dir)
@@ -47,6 +48,7 @@ def test_second_writer_gets_writer_conflict(log_dir: str) -> None:
     assert log_seqs(log_dir) == [1]  # the conflicting writers created nothing
 
 
+@pytest.mark.slow
 def test_stale_lock_of_a_killed_process_is_recoverable(log_dir: str) -> None:
     code = (
         "import sys, time, persistlog\n"
@@ -83,6 +85,7 @@ def _writer(cfg: dict[str, Any], tmp_path: Path, name: str, **more: Any) -> Acki
     return AckingWriter({**cfg, "name": name, "threads": 1, "sync": True, **more}, tmp_path, name)
 
 
+@pytest.mark.slow
 def test_local_lock_holds_while_its_writer_is_stopped(tmp_path: Path) -> None:
     """The OS lock of a stopped process stays taken: a second writer gets WriterConflict,
     and everything the first acknowledges, before and after it resumes, restores."""
@@ -109,6 +112,7 @@ def test_local_lock_holds_while_its_writer_is_stopped(tmp_path: Path) -> None:
     assert not [k for k in state if k.startswith("b.")]
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_s3_writer_stopped_past_its_lease_fails_and_loses_no_acknowledged_update(
     s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path

@@ -56,6 +56,7 @@ def test_every_driver_logger_is_under_persistlog() -> None:
                 assert 'getLogger("persistlog.' in line, f"{path.name}: {line.strip()}"
 
 
+@pytest.mark.slow
 def test_the_installed_package_is_typed_for_users_scripts(tmp_path: pathlib.Path) -> None:
     """mypy, run on a script outside the repository, finds the installed package and its
     types (PEP 561): a wrong type is an error, not an unknown module."""
@@ -85,6 +86,7 @@ def test_the_installed_package_is_typed_for_users_scripts(tmp_path: pathlib.Path
     assert "Found 2 errors" in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_the_readme_codec_blocks_pass_mypy_strict(tmp_path: pathlib.Path) -> None:
     """The typed example users copy first type-checks under ``--strict`` as written."""
     pytest.importorskip("mypy")

@@ -253,3 +253,5 @@ class PrefixDurability(RuleBasedStateMachine):
 
 PrefixDurability.TestCase.settings = active_profile(max_examples=60, stateful_step_count=50)
 TestPrefixDurability = PrefixDurability.TestCase
+# Every step restores from the files a crash would leave: over a minute on the shared machine.
+TestPrefixDurability.pytestmark = [pytest.mark.slow]

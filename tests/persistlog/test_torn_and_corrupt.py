@@ -50,6 +50,7 @@ def write(path: str, data: bytes) -> None:
 # -- torn tails -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", [None, "gzip"])
 def test_truncating_the_last_batch_anywhere_drops_only_that_batch(log_dir: str, compression: str | None) -> None:
     app = write_log(log_dir, compression=compression)
@@ -140,6 +141,7 @@ def test_zero_filled_tail_is_torn(log_dir: str, shape: str) -> None:
     assert (tail.offset, tail.length) == (torn_at, len(damaged) - torn_at)
 
 
+@pytest.mark.slow
 def test_torn_seal_trailer_is_a_torn_tail_not_corruption(log_dir: str) -> None:
     """A crash while sealing (close or rotation) before the seal's fsync may leave the seal
     batch whole and its trailer cut short or zero-filled: the log is intact."""
@@ -177,6 +179,7 @@ def test_torn_seal_trailer_is_a_torn_tail_not_corruption(log_dir: str) -> None:
 # -- corruption -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_bit_flip_of_a_sealed_log_is_corruption(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
     app = App({"a": 1})

@@ -87,6 +87,7 @@ class _Unloggable:
     pass
 
 
+@pytest.mark.slow
 def test_bad_records_write_nothing_and_the_log_goes_on(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     lg = persistlog.open(url, _dump, durability="fsync")

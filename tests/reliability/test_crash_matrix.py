@@ -24,6 +24,7 @@ BUDGETS = {"local-fsync": 160, "local-buffered": 120, "local-gzip-secondary": 80
            "local-memory-secondary": 60}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.usefixtures("clean_memory_fs")
 def test_crash_at_every_failpoint(name: str, tmp_path: Path) -> None:

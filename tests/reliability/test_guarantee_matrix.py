@@ -725,6 +725,7 @@ def _run(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     figures.outcome = "passed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [c.param(strict=c.reader in (None, "follower-reset")) for c in COVERING])
 def test_guarantee(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     _run(case, tmp_path, request)

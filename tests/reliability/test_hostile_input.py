@@ -59,6 +59,7 @@ def _assert_clean(figures: FuzzFigures) -> None:
     assert figures.escapes == 0 and figures.foreign == 0, "\n".join(figures.escape_examples)
 
 
+@pytest.mark.slow
 def test_seeded_mutation_campaign() -> None:
     """A few hundred structured mutations of real logs (plain, gzip, zstd), all readers."""
     figures = campaign(int(os.environ.get("PERSISTLOG_FUZZ_CAMPAIGN", "250")), seed=6)
@@ -66,6 +67,7 @@ def test_seeded_mutation_campaign() -> None:
     assert figures.inputs >= 250 and figures.corrupt > 0 and figures.ok > 0
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.binary(max_size=3000), with_header=st.booleans(), name_seq=st.integers(1, 3))
 def test_random_bytes_as_a_segment(data: bytes, with_header: bool, name_seq: int) -> None:
@@ -78,6 +80,7 @@ def test_random_bytes_as_a_segment(data: bytes, with_header: bool, name_seq: int
     _assert_clean(figures)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(rnd=st.randoms(use_true_random=False), which=st.sampled_from(["plain", "gzip", "zstd"]),
        rounds=st.integers(1, 3))
@@ -201,6 +204,7 @@ _NATIVE_CHILD = textwrap.dedent(
 NATIVE_BUDGET = 128 << 20
 
 
+@pytest.mark.slow
 def test_native_allocations_are_bounded_too(tmp_path: Path) -> None:
     """Allocations outside Python's allocator (zstd, zlib, cbor2's C code) stay bounded:
     each hostile case is read in a child process whose peak address space (VmPeak, which

@@ -140,6 +140,7 @@ def _race_processes(url: str, n: int, options: dict[str, Any]) -> list[str]:
                 p.wait()
 
 
+@pytest.mark.slow
 def test_writer_processes_race_local(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     answers = _race_processes(url, 4, {})
@@ -148,6 +149,7 @@ def test_writer_processes_race_local(tmp_path: Path) -> None:
     assert restore_state(url)[0] == {"winner": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_writer_processes_race_s3(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
     url = f"s3://{s3_bucket}/prace"
@@ -157,6 +159,7 @@ def test_writer_processes_race_s3(s3_bucket: str, s3_storage_options: dict[str, 
     assert restore_state(url, storage_options=s3_storage_options)[0] == {"winner": 1}
 
 
+@pytest.mark.slow
 def test_second_writer_never_disturbs_a_live_one(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     app = App()
@@ -256,6 +259,7 @@ def _known_false_corruption(e: BaseException) -> bool:
             and e.segment.endswith("-0000000000.plog") and "segment starts at LSN" in e.reason)
 
 
+@pytest.mark.slow
 def test_restore_races_retention(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     w = _Writer(url, 4000)
@@ -307,6 +311,7 @@ def _state_at(ops: list[tuple[Any, ...]], k: int) -> dict[Any, Any]:
     return state
 
 
+@pytest.mark.slow
 def test_follower_races_retention(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     os.makedirs(url)

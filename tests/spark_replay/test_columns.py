@@ -25,6 +25,7 @@ def _write(url: str, tagged: bool) -> None:
         lg.update_many([{"op": "del", "key": "user:3"}, {"op": "put", "key": "user:3", "value": 9, **extra}])
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("tagged", [False, True], ids=["c_path", "python_path"])
 def test_a_string_key_is_itself_and_key_json_tells_keys_apart(spark: Any, tmp_path: pathlib.Path, tagged: bool) -> None:
     url = str(tmp_path / "log")
@@ -52,6 +53,7 @@ def test_a_string_key_is_itself_and_key_json_tells_keys_apart(spark: Any, tmp_pa
     assert state["1"][1]["n"] == 1 and state['"1"'][1]["n"] == 2 and state["true"][1]["n"] == 3
 
 
+@pytest.mark.spark
 def test_state_of_an_empty_point_keeps_the_columns(spark: Any, tmp_path: pathlib.Path) -> None:
     url = str(tmp_path / "log")
     with persistlog.open(url, lambda emit: None) as lg:
@@ -63,6 +65,7 @@ def test_state_of_an_empty_point_keeps_the_columns(spark: Any, tmp_path: pathlib
     assert live.columns[:2] == ["key", "key_json"] and "value" in live.columns
 
 
+@pytest.mark.spark
 def test_loading_a_missing_path_fails_clearly(spark: Any, tmp_path: pathlib.Path) -> None:
     missing = str(tmp_path / "no-such-log")
     with pytest.raises(Exception, match="no persistlog log at .*no-such-log.*does not exist"):
@@ -73,6 +76,7 @@ def test_loading_a_missing_path_fails_clearly(spark: Any, tmp_path: pathlib.Path
         spark.read.format("persistlog").load(str(empty)).collect()
 
 
+@pytest.mark.spark
 def test_read_takes_a_path(spark: Any, tmp_path: pathlib.Path) -> None:
     url = tmp_path / "log"
     with persistlog.ResourceStore.open(url) as store:

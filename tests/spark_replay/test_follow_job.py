@@ -66,6 +66,7 @@ def follow_until(url: str, out: str, last_lsn: int) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.spark
 def test_follow_stops_cleanly_on_ctrl_c_and_resumes_without_duplicates(tmp_path: Any) -> None:
     url, out = str(tmp_path / "log"), str(tmp_path / "out")
     last = write(url, 30)

@@ -81,9 +81,18 @@ def test_examples_of_the_rule(value: Any, text: str) -> None:
     assert fast_json(value) == text
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not plain JSON")
+
+
 def test_output_is_plain_json_that_any_parser_reads() -> None:
+    """Each text parses as strict JSON (no NaN or Infinity literals, no trailing data) into
+    the tree that ``to_jsonable`` gives, and a standard serializer writes that tree back as
+    the same text."""
     for value, text in EXAMPLES:
-        json.loads(text)  # strict: no NaN literals, no trailing data
+        tree = json.loads(text, parse_constant=_no_constants)
+        assert tree == to_jsonable(plain_loads(cbor2.dumps(value)))
+        assert json.dumps(tree, ensure_ascii=False, separators=(",", ":"), allow_nan=False) == text
 
 
 def test_unknown_marker_is_an_error() -> None:
@@ -146,6 +155,7 @@ def _canonical(value: Any) -> bytes:
     return cbor2.dumps(value, canonical=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_values)
 def test_to_json_is_lossless_and_the_fast_path_agrees(value: Any) -> None:
@@ -229,6 +239,7 @@ _plain_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_plain_values, max_size=6))
 def test_the_c_path_handles_the_common_subset_exactly(records: list[Any]) -> None:
@@ -236,6 +247,7 @@ def test_the_c_path_handles_the_common_subset_exactly(records: list[Any]) -> Non
     assert c_texts(encoded, len(records)) == [to_json(plain_loads(cbor2.dumps(r))) for r in records]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_values, min_size=1, max_size=4))
 def test_the_c_path_agrees_or_steps_aside(records: list[Any]) -> None:
@@ -279,6 +291,7 @@ def test_what_the_c_path_leaves_to_python() -> None:
     assert texts_from_cbor(b"\x01", -1) is None
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(
     st.lists(_plain_values, min_size=1, max_size=3),
@@ -332,6 +345,7 @@ _store_records = st.lists(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(_store_records)
 def test_the_c_path_reads_the_resource_convention_as_the_store_does(records: list[Any]) -> None:

@@ -94,6 +94,7 @@ def test_a_set_is_planned_at_once_and_packed_into_few_tasks(tmp_path: Path) -> N
     assert "log_key" not in ddl("records", "resource") and ddl("records", "resource", True).startswith("log_key STRING NOT NULL, ")
 
 
+@pytest.mark.slow
 def test_a_set_on_s3_reads_without_spark_as_restore_replays_it(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
     root = f"s3://{s3_bucket}/queues"
     with persistlog.LogSet(root, storage_options=s3_storage_options) as logset:

@@ -22,6 +22,7 @@ def test_storage_options_nest_and_parse_json() -> None:
         parse_storage_options(["novalue"])
 
 
+@pytest.mark.slow
 def test_missing_log_exits_2_before_starting_spark(tmp_path: Any) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "spark_replay", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")],
@@ -51,6 +52,7 @@ def test_unknown_protocol_is_bad_input(tmp_path: Any, capsys: Any) -> None:
     assert "cannot open nosuchproto://x/y" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_bad_as_of_time_is_refused_before_spark_starts(tmp_path: Any) -> None:
     import persistlog
 

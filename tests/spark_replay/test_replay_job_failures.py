@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
+import pytest
 
 from spark_replay._job import main
 from log_histories import flip_byte, segment_paths, write_store_history
@@ -29,6 +30,7 @@ def _log_and_earlier_output(tmp_path: Path, name: str) -> tuple[str, Path]:
     return url, out
 
 
+@pytest.mark.spark
 def test_a_corrupt_log_fails_in_one_line_and_leaves_no_output(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     write_store_history(url, rounds=2, keys=10)
@@ -63,6 +65,7 @@ def test_an_existing_out_is_refused_before_any_work(tmp_path: Path, capsys: Any)
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.spark
 def test_overwrite_replaces_the_output_whole(spark: Any, tmp_path: Path) -> None:
     url, out = _log_and_earlier_output(tmp_path, "stale.txt")
     assert main([url, "--out", str(out), "--overwrite", "-q"], spark=spark, stdout=io.StringIO()) == 0
@@ -71,6 +74,7 @@ def test_overwrite_replaces_the_output_whole(spark: Any, tmp_path: Path) -> None
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.spark
 def test_a_failed_run_removes_its_partial_output(spark: Any, tmp_path: Path, capsys: Any) -> None:
     url, out = _log_and_earlier_output(tmp_path, "previous.txt")
     first = segment_paths(url)[0]

@@ -148,6 +148,7 @@ def test_from_and_to_lsn_select_a_range(tmp_path: Any) -> None:
     assert all(r["base_log"] != some[0]["log_seq"] for r in some)
 
 
+@pytest.mark.slow
 def test_big_segments_split_at_batch_boundaries(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
     # Many small batches in one big segment.
@@ -163,6 +164,7 @@ def test_big_segments_split_at_batch_boundaries(tmp_path: Any) -> None:
     assert all(p.nbytes <= 64 * 1024 for p in parts)
 
 
+@pytest.mark.slow
 def test_small_remote_segments_are_packed(clean_memory_fs: None) -> None:
     url = "memory://packed/log"
     write_log(url, 800, sync_each=True)  # one object per sync

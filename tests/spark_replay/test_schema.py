@@ -42,6 +42,7 @@ def test_readme_marks_the_resource_columns_as_such() -> None:
         assert (name in resource) == text.startswith('`convention="resource"` only'), name
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("log_set", [False, True])
 @pytest.mark.parametrize("convention", ["raw", "resource"])
 def test_ddl_and_arrow_schema_are_the_same_struct(spark: Any, convention: str, log_set: bool) -> None:
@@ -52,6 +53,7 @@ def test_ddl_and_arrow_schema_are_the_same_struct(spark: Any, convention: str, l
     assert [(f.name, f.dataType, f.nullable) for f in told] == [(f.name, f.dataType, f.nullable) for f in built]
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("convention", ["raw", "resource"])
 def test_a_read_yields_the_schema_it_declares(spark: Any, tmp_path: pathlib.Path, convention: str) -> None:
     from pyspark.sql.pandas.types import from_arrow_schema

@@ -31,6 +31,7 @@ def write_zstd_log(url: str) -> None:
     lg.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("view, recovery", [("records", "strict"), ("records", "skip"), ("corrupt", "skip")])
 def test_partitions_raise_missing_dependency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: str, recovery: str
@@ -75,6 +76,7 @@ def test_the_replay_job_fails_in_one_line_naming_the_extra(tmp_path: Path) -> No
     assert "CorruptLogError" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_import_without_pyspark_names_the_extra_to_install() -> None:
     code = "import sys; sys.modules['pyspark'] = None; import spark_replay"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -122,10 +122,12 @@ def check_exactly_once(spark: Any, url: str, out: str, options: dict[str, str]) 
     assert live == final_state
 
 
+@pytest.mark.spark
 def test_stream_follows_a_rotating_store_exactly_once_across_a_restart(spark: Any, tmp_path: Any) -> None:
     check_exactly_once(spark, str(tmp_path / "log"), str(tmp_path / "out"), {"convention": "resource"})
 
 
+@pytest.mark.spark
 def test_stream_from_s3_exactly_once_across_a_restart(
     spark: Any, tmp_path: Any, s3_bucket: str, s3_storage_options: dict[str, Any]
 ) -> None:
@@ -133,6 +135,7 @@ def test_stream_from_s3_exactly_once_across_a_restart(
     check_exactly_once(spark, f"s3://{s3_bucket}/app/log", str(tmp_path / "out"), options)
 
 
+@pytest.mark.spark
 def test_stream_options_are_checked(spark: Any, tmp_path: Any) -> None:
     spark_replay.register(spark)
     with pytest.raises(Exception, match="for batch reads"):

@@ -256,6 +256,7 @@ def test_trigger_available_now_reads_what_exists_when_the_query_starts(tmp_path:
     w.close()
 
 
+@pytest.mark.slow
 def test_a_micro_batch_is_split_at_batch_boundaries(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
     lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
@@ -395,6 +396,7 @@ def test_idle_and_growing_polls_never_list_locally(tmp_path: Any) -> None:
     w.close()
 
 
+@pytest.mark.slow
 def test_idle_polls_on_s3_send_no_list(s3_bucket: str, s3_storage_options: dict[str, Any]) -> None:
     url = f"s3://{s3_bucket}/app/log"
     so = {"storage_options": json.dumps(s3_storage_options)}
