@@ -19,6 +19,7 @@ import async_log
 import consumers
 import core
 import follower
+import handover
 import logset
 import many_logs
 import positions
@@ -40,6 +41,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "core": core.BENCHMARKS,
     "s3": s3.BENCHMARKS,
     "follower": follower.BENCHMARKS,
+    "handover": handover.BENCHMARKS,
     "consumers": consumers.BENCHMARKS,
     "shapes": shapes.BENCHMARKS,
     "asyncio": async_log.BENCHMARKS,
