@@ -110,8 +110,9 @@ def _row(fig: Figure, times: dict[str, list[float]], *names: str) -> Figure:
     return fig
 
 
-def _write_log(url: str, records: Sequence[Any]) -> float:
-    """``update()`` per record, buffered, into a fresh log; seconds to the final sync."""
+def _write_log(url: str, records: Sequence[Any], clock: Callable[[Callable[[], Any]], float] = cpu_timed) -> float:
+    """``update()`` per record, buffered, into a fresh log; seconds to the final sync
+    (CPU seconds, or what ``clock`` measures)."""
     lg = persistlog.open(url, no_enumeration, rotate_bytes=None)
     try:
         update = lg.update
@@ -121,7 +122,7 @@ def _write_log(url: str, records: Sequence[Any]) -> float:
                 update(r)
             lg.sync()
 
-        return cpu_timed(body)
+        return clock(body)
     finally:
         lg.close()
 
@@ -259,18 +260,7 @@ def go_original(cfg: Config, s: Scratch) -> list[Figure]:
     url = s.path("go-record-log")
 
     def write() -> float:
-        lg = persistlog.open(s.fresh("go-record-log"), no_enumeration, rotate_bytes=None)
-        try:
-            update = lg.update
-
-            def body() -> None:
-                for r in records:
-                    update(r)
-                lg.sync()
-
-            return timed(body)
-        finally:
-            lg.close()
+        return _write_log(s.fresh("go-record-log"), records, timed)
 
     def replay() -> float:
         _fresh_gc()

@@ -40,6 +40,7 @@ def _kinds(url: str, last_lsn: int) -> list[tuple[str, str]]:
 calls = st.lists(st.tuples(st.booleans(), st.lists(values, max_size=1100)), min_size=1, max_size=4)
 
 
+@pytest.mark.slow
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(calls=calls)
 def test_emit_many_writes_what_emit_writes_in_order(tmp_path_factory: pytest.TempPathFactory, calls: list[tuple[bool, list[Any]]]) -> None:

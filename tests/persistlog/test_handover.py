@@ -58,6 +58,7 @@ def s3(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]] | None:
     return bucket, options
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where,durability",
     [("local", "buffered"), ("local", "flush"), ("local", "fsync"),
@@ -100,6 +101,7 @@ def test_a_live_writer_hands_over_under_load_and_nothing_acknowledged_is_lost(
     assert took < 20, took
 
 
+@pytest.mark.slow
 def test_a_writer_opened_without_handover_is_not_asked_twice_and_the_asker_gives_up(tmp_path: Path) -> None:
     cfg = {"url": str(tmp_path / "log"), "open": {"durability": "flush"}}
     old = _writer(cfg, tmp_path, "old")
@@ -126,6 +128,7 @@ def test_without_handover_the_conflict_names_the_option(tmp_path: Path) -> None:
             persistlog.open(url, lambda emit: None)
 
 
+@pytest.mark.slow
 def test_two_writers_asking_at_once_never_share_the_log(tmp_path: Path) -> None:
     """Two new processes ask at once. Either one takes the log and the other gets
     WriterConflict (both asked the old writer), or the second asks the first, which by
@@ -156,6 +159,7 @@ def test_two_writers_asking_at_once_never_share_the_log(tmp_path: Path) -> None:
     _check_every_acknowledged_update_restores(_restored(cfg), (old, "old"), (a, "a"), (b, "b"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["local", pytest.param("s3", marks=pytest.mark.s3)])
 def test_the_old_writer_killed_mid_handover_loses_nothing(
     tmp_path: Path, s3: tuple[str, dict[str, Any]] | None, where: str
