@@ -330,7 +330,7 @@ class Log:
             if after_snapshot:
                 self._rotator.start_after_snapshot()
             else:
-                self._rotator.wait(self._rotator.request(coalesce=False))
+                self._rotator.wait(self._rotator.request(coalesce=False), retention=False)
         except BaseException:
             self._abandon()
             raise

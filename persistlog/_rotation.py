@@ -205,9 +205,11 @@ class Rotator:
         self._mutex = threading.RLock()
         self._cv = threading.Condition(self._mutex)
         self._queue: list[Future[int]] = []
-        # Per request, a lock released once it is done: rotate() waits on that, not on
-        # the Future (whose methods take a Condition).
+        # Per request, a lock released once it is done (retention included), and one
+        # released once its log is complete: rotate() waits on the first, open() on the
+        # second, not on the Future (whose methods take a Condition).
         self._done: dict[Future[int], threading.Lock] = {}
+        self._complete: dict[Future[int], threading.Lock] = {}
         self._stop = False
         # Rotations run on the runtime's workers, one of this Log's at a time (a long job:
         # enumerate_all is app code that may take minutes). The job holds the Rotator (and
@@ -255,9 +257,11 @@ class Rotator:
             if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
                 return self._queue[-1]
             fut = Future()
-            done = threading.Lock()
+            done, complete = threading.Lock(), threading.Lock()
             done.acquire()
+            complete.acquire()
             self._done[fut] = done
+            self._complete[fut] = complete
             if hold is not None:
                 self._holds[fut] = hold
                 self._hold = hold
@@ -331,10 +335,12 @@ class Rotator:
                 self.gated = self._due
         hold.release()
 
-    def wait(self, fut: Future[int], timeout: float | None = None) -> int:
+    def wait(self, fut: Future[int], timeout: float | None = None, retention: bool = True) -> int:
         """``fut.result(timeout)``, waiting on a plain lock: an interruption there leaves
-        nothing held."""
-        done = self._done.get(fut)
+        nothing held. With ``retention=False`` it returns once the log is complete, while
+        the job may still delete old logs (open(): an object store's old logs take a
+        request per segment)."""
+        done = (self._done if retention else self._complete).get(fut)
         if done is not None:
             if not done.acquire(timeout=-1 if timeout is None else timeout):
                 raise TimeoutError(f"the rotation did not finish within {timeout}s")
@@ -355,9 +361,14 @@ class Rotator:
         return seq
 
     def _finished(self, fut: Future[int]) -> None:
-        done = self._done.pop(fut, None)
-        if done is not None:
-            done.release()
+        self._release(self._complete, fut)
+        self._release(self._done, fut)
+
+    @staticmethod
+    def _release(locks: dict[Future[int], threading.Lock], fut: Future[int]) -> None:
+        lock = locks.pop(fut, None)
+        if lock is not None:
+            lock.release()
 
     def check_triggers(self) -> None:
         """Called after each batch: cheap checks of the size and count triggers.
@@ -486,6 +497,7 @@ class Rotator:
                     fut.set_exception(e)
                 else:
                     fut.set_result(seq)
+                    self._release(self._complete, fut)
                     self.retaining = True
                     try:
                         self._retain()
