@@ -1113,12 +1113,29 @@ class Log:
                 if self._failed is None and self._sw is not None and not self._sw.sealed:
                     self._write_pending(flush=False)
                     self._seal(self._sw, self._written_lsn)
+                    self._guarded(self._sw.confirm)
                     self._durable_lsn = self._written_lsn
                     note_closed(self.dest, self._seq, self._written_lsn)
             except Exception:
                 self._let_everything_go()
                 raise
             self._let_everything_go()
+            self._refuse_after_failure()
+
+    def _refuse_after_failure(self) -> None:
+        """Raise ``LogFailedError`` from the close of a failed Log that accepted records
+        without waiting for their durability (``buffered`` mode, ``flush`` mode locally)
+        and cannot make them durable now: the promise of a clean close is broken, and
+        they may be missing from storage. Where every acknowledgement waited for
+        durability (``fsync``; ``flush`` on an object store) the failure cost nothing
+        acknowledged, and the close returns."""
+        first, end = self._durable_lsn, self._next_lsn
+        if self._failed is None or self._sync_each or first >= end:
+            return
+        raise LogFailedError(
+            f"the log at {self.dest.url} failed earlier ({self._failed}): records {first}..{end - 1} it "
+            f"accepted are not known to be durable, and may be missing from storage"
+        ) from self._failed
 
     def _let_everything_go(self) -> None:
         self._let_go = True
