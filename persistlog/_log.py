@@ -404,7 +404,8 @@ class Log:
         return lsn
 
     def sync(self) -> None:
-        """Make every record appended so far durable (fsync locally, PUT remotely).
+        """Make every record appended so far durable (fsync locally; remotely a PUT, then a
+        listing showing that no other writer took the destination over).
 
         An ``OSError`` from storage fails the Log (:class:`LogFailedError`); an
         interruption (``KeyboardInterrupt``) propagates as itself and leaves it usable.
@@ -557,7 +558,10 @@ class Log:
         :class:`SecondaryLag`, here and in ``stats()["destinations"]`` (``behind_at_close``).
 
         Calls from several threads return once the log is sealed; later calls do nothing
-        but return the same list.
+        but return the same list. If the Log failed earlier (``failed``), this lets
+        everything go and raises :class:`LogFailedError` when records it accepted without
+        waiting for their durability (``buffered``, or ``flush`` locally) are not known to
+        be durable: a close that returns means every accepted record is.
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
         none of the updates before it, and the next ``open(..., replay=)`` starts writing
