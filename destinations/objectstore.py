@@ -39,6 +39,7 @@ import fsspec  # type: ignore[import-untyped,unused-ignore]
 import fsspec.asyn  # type: ignore[import-untyped,unused-ignore]
 
 from ._base import Destination, LockHeld, WriterLock
+from ._loop_executor import serve_at_exit
 from ._names import check_name, is_temp_name
 from ._owner import LEASE_NAME, describe_holder, owner_record, parse_record
 from ._registry import split_protocol
@@ -101,6 +102,8 @@ class ObjectStoreDestination(Destination):
         if protocol in ("s3", "s3a"):
             _one_retry_layer(fs_options)
         self.fs: fsspec.AbstractFileSystem = fsspec.filesystem(protocol, **fs_options)
+        # Its requests must work at interpreter exit too, when open logs are sealed.
+        serve_at_exit(self.fs)
         # Rebuilt with the normalised protocol: fsspec strips "s3://" but not "S3://".
         self.root: str = self.fs._strip_protocol(f"{protocol}://{rest}").rstrip("/")
         if not self.root.strip("/"):

@@ -39,8 +39,18 @@ _pid = os.getpid()
 
 
 def register(lg: Closeable) -> None:
-    """Seal ``lg`` at exit if it is still open then."""
+    """Seal ``lg`` at exit if it is still open then.
+
+    The exit handler is registered again each time, so that it runs before the ``atexit``
+    handlers registered since (``atexit`` runs the last registered first): s3fs closes
+    its client sessions from a ``weakref.finalize``, whose ``atexit`` hook is registered
+    with the first finalizer of the process, typically at a Log's first request, and a
+    seal after that would meet closed sessions, as would the rotation or flush a
+    runtime worker may still run while the seal waits for it.
+    """
     _open.add(lg)
+    atexit.unregister(_close_all_at_exit)
+    atexit.register(_close_all_at_exit)
 
 
 def forget(lg: Closeable) -> None:
@@ -67,7 +77,6 @@ def _close_quietly(lg: Closeable, rotation_wait: float | None) -> None:
         log.warning("closing %r, left open, failed: %r", lg, e)
 
 
-@atexit.register
 def _close_all_at_exit() -> None:
     if os.getpid() != _pid:
         return

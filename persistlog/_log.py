@@ -427,7 +427,8 @@ class Log:
             raise
 
     def sync(self) -> None:
-        """Make every record appended so far durable (fsync locally, PUT remotely).
+        """Make every record appended so far durable (fsync locally; remotely a PUT, then a
+        listing showing that no other writer took the destination over).
 
         An ``OSError`` from storage fails the Log (:class:`LogFailedError`); an
         interruption (``KeyboardInterrupt``) propagates as itself and leaves it usable.
@@ -586,7 +587,10 @@ class Log:
         :class:`SecondaryLag`, here and in ``stats()["destinations"]`` (``behind_at_close``).
 
         Calls from several threads return once the log is sealed; later calls do nothing
-        but return the same list.
+        but return the same list. If the Log failed earlier (``failed``), this lets
+        everything go and raises :class:`LogFailedError` when records it accepted without
+        waiting for their durability (``buffered``, or ``flush`` locally) are not known to
+        be durable: a close that returns means every accepted record is.
         With ``rotate=True`` a rotation runs first (``enumerate_all`` writes every live
         resource into a new log), so that the next restore reads one fresh snapshot and
         none of the updates before it, and the next ``open(..., replay=)`` starts writing
@@ -1161,12 +1165,29 @@ class Log:
                 if self._failed is None and self._sw is not None and not self._sw.sealed:
                     self._write_pending(flush=False)
                     self._seal(self._sw, self._written_lsn)
+                    self._guarded(self._sw.confirm)
                     self._durable_lsn = self._written_lsn
                     note_closed(self.dest, self._seq, self._written_lsn)
             except Exception:
                 self._let_everything_go()
                 raise
             self._let_everything_go()
+            self._refuse_after_failure()
+
+    def _refuse_after_failure(self) -> None:
+        """Raise ``LogFailedError`` from the close of a failed Log that accepted records
+        without waiting for their durability (``buffered`` mode, ``flush`` mode locally)
+        and cannot make them durable now: the promise of a clean close is broken, and
+        they may be missing from storage. Where every acknowledgement waited for
+        durability (``fsync``; ``flush`` on an object store) the failure cost nothing
+        acknowledged, and the close returns."""
+        first, end = self._durable_lsn, self._next_lsn
+        if self._failed is None or self._sync_each or first >= end:
+            return
+        raise LogFailedError(
+            f"the log at {self.dest.url} failed earlier ({self._failed}): records {first}..{end - 1} it "
+            f"accepted are not known to be durable, and may be missing from storage"
+        ) from self._failed
 
     def _wait_until_let_go(self) -> None:
         """Wait (bounded) until closing has sealed the log and let the lock go: a call told

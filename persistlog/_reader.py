@@ -231,6 +231,15 @@ def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
     return dict(sorted(logs.items()))
 
 
+def newer_log(dest: Destination, seq: int) -> int | None:
+    """The oldest log at ``dest`` newer than log ``seq``, None if there is none: from a
+    listing of the names after every name log ``seq`` can have (one request on S3 while
+    there is none). Storage errors propagate as they are (``OSError``)."""
+    after = dest.list(start_after=F.segment_name(seq, 10**F.SEGMENT_DIGITS - 1))
+    seqs = [parsed[0] for parsed in map(F.parse_segment_name, after) if parsed is not None]
+    return min(seqs, default=None)
+
+
 def read_pointer(dest: Destination) -> int | None:
     """The seq CURRENT names, or None when it is missing or damaged (never fatal)."""
     try:

@@ -522,6 +522,7 @@ class Secondary:
         if sw is None:
             return
         sw.seal(seal_batch(self._next_lsn, self._complete_lsn))
+        sw.confirm()  # no other writer took this secondary over and deleted the log meanwhile
         self._written()
         self._sw = None
 

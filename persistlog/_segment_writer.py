@@ -32,7 +32,7 @@ from destinations import AppendFile, Destination
 from . import _encoder
 from . import _format as F
 from ._errors import WriterConflict
-from ._reader import last_segment_state, list_logs
+from ._reader import last_segment_state, list_logs, newer_log
 
 log = logging.getLogger("persistlog")
 
@@ -166,6 +166,12 @@ class SegmentWriter:
         """Write the seal batch and trailer, durably, and close."""
         raise NotImplementedError
 
+    def confirm(self) -> None:
+        """Check that what was written is in a log a restore reads: raise
+        ``FileExistsError`` if another writer took the destination over meanwhile and its
+        retention may have deleted this log (with the fence in it) before a write landed.
+        Nothing to check where the writer's lock cannot be taken over (a local OS lock)."""
+
     def close(self) -> None:
         """Let go of handles without sealing (the log stays open-ended)."""
 
@@ -291,6 +297,8 @@ class ObjectSegments(SegmentWriter):
         self._appending: tuple[int, int] | None = None
         # A PUT under way: (segment number, its bytes, pending batches it holds, seal).
         self._putting: tuple[int, bytes, int, bool] | None = None
+        # Whether confirm() ran since the last segment of this writer landed.
+        self._confirmed = True
 
     def _settle(self) -> None:
         appending = self._appending
@@ -333,6 +341,7 @@ class ObjectSegments(SegmentWriter):
     def _put_done(self, number: int, size: int, count: int, seal: bool) -> None:
         # Bookkeeping without a call in between: done whole, or not at all and redone.
         self._putting = None
+        self._confirmed = False
         del self._pending[:count]
         self.segment = number
         self.bytes_written += size
@@ -365,7 +374,9 @@ class ObjectSegments(SegmentWriter):
             self._put()
 
     def sync(self) -> None:
+        """PUT what is pending, and :meth:`confirm` every segment PUT so far."""
         self.flush()
+        self.confirm()
 
     def seal(self, seal_batch: bytes) -> None:
         self._settle()
@@ -374,6 +385,28 @@ class ObjectSegments(SegmentWriter):
                 self._pending_first_lsn = self.next_lsn
             self._put(seal_batch, trailer=True)
         self.sealed = True
+
+    def confirm(self) -> None:
+        """Raise ``FileExistsError`` if a log newer than this one is at the destination.
+
+        The fence (``fence_newest_log``) makes a paused writer's next PUT fail only while it
+        is there, and the writer that wrote it deletes it with the whole log once it has a
+        newer complete log (retention): a PUT after that lands, create-only, in a log no
+        restore reads. A newer log is there from before that deletion on (retention keeps
+        the newest complete log), so a listing after the PUTs that shows none proves each
+        of them landed before the deletion, where the writer that fenced this log read it
+        or its fence stopped it. One listing covers every PUT before it; none runs when
+        nothing landed since the last.
+        """
+        if self._confirmed:
+            return
+        newer = newer_log(self.dest, self.seq)
+        if newer is not None:
+            raise FileExistsError(
+                f"{self.dest.url} holds log {newer}, newer than log {self.seq} this writer writes: "
+                f"another writer took over, and what this one wrote since may be in no log a restore reads"
+            )
+        self._confirmed = True
 
 
 def segment_writer(dest: Destination, seq: int, segment_bytes: int) -> SegmentWriter:

@@ -4,6 +4,7 @@ themselves, logs left open at exit or dropped unclosed."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import threading
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 import persistlog
+from destinations import open_destination
+from persistlog._reader import last_segment_state, list_logs
 from persistlog._runtime import runtime
 from log_files import is_sealed_log
 from threads import wait_until
@@ -168,46 +171,80 @@ def test_resource_store_open_restores_first(log_dir: str) -> None:
 # -- logs left open -------------------------------------------------------------------------
 
 _LEFT_OPEN = """
-import sys, persistlog
-url, kind, ending = sys.argv[1], sys.argv[2], sys.argv[3]
+import json, sys, threading, time, persistlog
+url, so, kind, ending = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
 if kind == "store":
-    s = persistlog.ResourceStore.open(url)
-    for i in range(10):
-        s[f"user:{i}"] = {"n": i}
+    s = persistlog.ResourceStore.open(url, storage_options=so)
+    put = s.__setitem__
 else:
-    lg = persistlog.open(url, lambda emit: None)   # buffered, the default
-    for i in range(10):
-        lg.update({"op": "put", "key": f"user:{i}", "value": {"n": i}})
-if ending == "exit3":
+    lg = persistlog.open(url, lambda emit: None, storage_options=so)   # buffered, the default
+    put = lambda key, value: lg.update({"op": "put", "key": key, "value": value})
+for i in range(10):
+    put(f"user:{i}", {"n": i})
+if ending == "thread":  # the main thread ends; a thread of the app logs on
+    def later():
+        time.sleep(0.5)
+        for i in range(10, 20):
+            put(f"user:{i}", {"n": i})
+    threading.Thread(target=later).start()
+elif ending == "exit3":
     raise SystemExit(3)
+elif ending == "interrupt":
+    raise KeyboardInterrupt  # Ctrl-C, unwinding to the interpreter's exit
 """
+
+#: How the script ends: its exit status, how many records it logged.
+_ENDINGS = {"end": (0, 10), "exit3": (3, 10), "thread": (0, 20), "interrupt": (-2, 10)}
 
 
 def _persistlog_threads(before: set[threading.Thread]) -> list[threading.Thread]:
-    """persistlog's threads started since ``before`` was taken, but the process's runtime
-    (which every Log shares): the test's own Log's, whatever earlier tests left running."""
+    """persistlog's threads started since ``before`` was taken, but those every Log shares:
+    the process's runtime, and the workers of fsspec's event loop
+    (``destinations/_loop_executor.py``); whatever earlier tests left running is not the
+    test's own Log's."""
     shared = set(runtime().threads)
-    return [t for t in threading.enumerate() if t.name.startswith("persistlog-") and t not in shared | before]
+    return [t for t in threading.enumerate()
+            if t.name.startswith("persistlog-") and not t.name.startswith("persistlog-fsspec")
+            and t not in shared | before]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ending", ["end", "exit3"])
-@pytest.mark.parametrize("kind", ["log", "store"])
-def test_a_script_that_never_closes_keeps_what_it_logged(log_dir: str, kind: str, ending: str) -> None:
-    """A script ending (or raising SystemExit) without close(): the interpreter's exit
-    writes the buffered records and seals the log."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _LEFT_OPEN, log_dir, kind, ending], capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == (3 if ending == "exit3" else 0), proc.stderr
+@pytest.mark.parametrize("where,kind,ending", [
+    ("local", "log", "end"), ("local", "log", "exit3"), ("local", "store", "end"), ("local", "store", "exit3"),
+    ("local", "log", "thread"), ("local", "log", "interrupt"),
+    pytest.param("s3", "log", "end", marks=pytest.mark.s3), pytest.param("s3", "store", "exit3", marks=pytest.mark.s3),
+    pytest.param("s3", "log", "thread", marks=pytest.mark.s3), pytest.param("s3", "log", "interrupt", marks=pytest.mark.s3),
+])
+def test_a_script_that_never_closes_keeps_what_it_logged(
+    log_dir: str, request: pytest.FixtureRequest, where: str, kind: str, ending: str
+) -> None:
+    """A script ending (raising SystemExit, or KeyboardInterrupt) without close(): the
+    interpreter's exit writes the buffered records and seals the log, once the app's
+    threads have ended (what a thread logs after the main thread's end is kept too), and
+    lets the lock go. On S3 too, where the seal is a PUT made after ``concurrent.futures``
+    stopped its executors (``destinations/_loop_executor.py``)."""
+    so = None
+    if where == "s3":
+        log_dir = f"s3://{request.getfixturevalue('s3_bucket')}/left-open"
+        so = request.getfixturevalue("s3_storage_options")
+    status, count = _ENDINGS[ending]
+    proc = subprocess.run([sys.executable, "-c", _LEFT_OPEN, log_dir, json.dumps(so), kind, ending],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stderr
+    assert "failed" not in proc.stderr, proc.stderr
     records: list[Any] = []
-    result = persistlog.restore(log_dir, records.append)
-    assert _state_of(records) == {f"user:{i}": {"n": i} for i in range(10)}
-    assert result.torn_tail is None and is_sealed_log(log_dir, result.logs[-1])
+    result = persistlog.restore(log_dir, records.append, storage_options=so)
+    assert _state_of(records) == {f"user:{i}": {"n": i} for i in range(count)}
+    dest = open_destination(log_dir, **(so or {}))
+    seq = result.logs[-1]
+    assert result.torn_tail is None and last_segment_state(dest, seq, list_logs(dest)[seq]).sealed
+    # The lock was let go: the app opens again at once.
     if kind == "store":
-        s = persistlog.ResourceStore.open(log_dir)
-        assert len(s) == 10
+        s = persistlog.ResourceStore.open(log_dir, storage_options=so)
+        assert len(s) == count
         s.close()
+    else:
+        persistlog.open(log_dir, lambda emit: None, replay=lambda r: None, storage_options=so).close()
 
 
 @pytest.mark.slow

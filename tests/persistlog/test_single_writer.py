@@ -20,6 +20,7 @@ import pytest
 from child_scripts import AckingWriter
 from kv_app import App, restore_state
 from log_files import log_seqs
+from threads import wait_until
 
 import persistlog
 from destinations import open_destination
@@ -114,13 +115,17 @@ def test_local_lock_holds_while_its_writer_is_stopped(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.s3
+@pytest.mark.parametrize("taker", ["holds", "rotates-and-closes"])
 def test_s3_writer_stopped_past_its_lease_fails_and_loses_no_acknowledged_update(
-    s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path
+    s3_bucket: str, s3_storage_options: dict[str, Any], tmp_path: Path, taker: str
 ) -> None:
     """Writer A loops ``update(sync=True)``; stopped (SIGSTOP) for 2.5 lease lifetimes, its
     lease runs out and writer B takes over, restores and writes. Resumed, A fails with a
     writer conflict at its next write, and every update either acknowledged restores: B
-    fenced A's log, so A's late segment cannot land (docs/DESIGN.md invariant 6)."""
+    fenced A's log, so A's late segment cannot land (docs/DESIGN.md invariant 6). B either
+    holds the destination meanwhile, or rotates (its retention deletes A's log, the fence
+    with it) and closes (releasing the lease) before A resumes: A's next segment then lands,
+    in a log no restore reads, and A must find the newer log before it acknowledges."""
     ttl = 2.0
     cfg = {"url": f"s3://{s3_bucket}/takeover/log", "storage_options": s3_storage_options,
            "open": {"durability": "fsync", "lease_ttl": ttl}}
@@ -130,14 +135,22 @@ def test_s3_writer_stopped_past_its_lease_fails_and_loses_no_acknowledged_update
         a.wait_for("acknowledgements", lambda: a.count("A ") >= 10, 60)
         a.signal(signal.SIGSTOP)
         time.sleep(2.5 * ttl)
-        b = _writer(cfg, tmp_path, "b", count=10, hold=True)
-        b.wait_for("acknowledgements", lambda: b.count("A ") >= 10, 60)
+        if taker == "holds":
+            b = _writer(cfg, tmp_path, "b", count=10, hold=True)
+            b.wait_for("acknowledgements", lambda: b.count("A ") >= 10, 60)
+        else:
+            b = _writer({**cfg, "open": {**cfg["open"], "rotate_records": 5, "retain": 1}}, tmp_path, "b", count=20)
+            assert b.wait(60) == 0 and b.lines[-1] == "D", b.stderr()
+            a_log = int(a.lines[0].split()[1])
+            left = [F.parse_segment_name(n) for n in open_destination(cfg["url"], **s3_storage_options).list()]
+            assert not [p for p in left if p is not None and p[0] == a_log]  # deleted, fence and all
         stopped_at = a.count("A ")
         a.signal(signal.SIGCONT)
         assert a.wait(30) == 3, a.stderr()  # it failed, loudly
         failure = [line for line in a.lines if line.startswith("F ")]
         assert len(failure) == 1 and "writer" in failure[0], a.lines[-3:]
-        assert b.finish(30) == 0 and b.lines[-1] == "D", b.stderr()
+        if taker == "holds":
+            assert b.finish(30) == 0 and b.lines[-1] == "D", b.stderr()
     finally:
         a.close()
         if b is not None:
@@ -233,6 +246,59 @@ def test_a_segment_landing_before_the_fence_is_read_and_fenced_after(clean_memor
         _put(lg, "c", 3)
     lg.close()
     assert restore_state(url)[0] == {"a": 1, "b": 2}
+
+
+def _taken_over_and_deleted(url: str) -> None:
+    """What a writer taking over does, then its retention: it fences the newest log, starts
+    a newer one (here only its first segment's name matters) and, once that is complete,
+    deletes the fenced log, fence included, last segment first."""
+    dest = open_destination(url)
+    fence_newest_log(dest, "taker:1:fence")
+    dest.create(F.segment_name(2, 0), b"the taker's log")
+    for name in sorted((n for n in dest.list() if (F.parse_segment_name(n) or (0,))[0] == 1), reverse=True):
+        dest.delete(name)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "buffered"])
+def test_a_writer_whose_fenced_log_was_deleted_fails_before_acknowledging(
+    clean_memory_fs: None, durability: str
+) -> None:
+    """Retention deleted the fence with the log it ended, so the late writer's next
+    segment lands (create-only, at a free name again) in a log no restore reads: its sync
+    finds the newer log and fails instead of acknowledging. In buffered mode the records
+    it had accepted before are not durable, and close() says so."""
+    url = "memory://fence-deleted/log"
+    lg = persistlog.open(url, lambda emit: None, durability=durability, flush_interval=3600)
+    _put(lg, "a", 1)
+    _taken_over_and_deleted(url)
+    if durability == "buffered":
+        accepted = lg.update({"op": "put", "key": "b", "value": 2})  # in memory only
+    with pytest.raises(persistlog.LogFailedError, match="newer than log 1"):
+        _put(lg, "late", 3)
+    assert isinstance(lg.failed, persistlog.WriterConflict)
+    assert [n for n in open_destination(url).list() if (F.parse_segment_name(n) or (0,))[0] == 1]  # it landed
+    if durability == "fsync":
+        lg.close()  # every acknowledgement waited for its PUT: nothing acknowledged is lost
+        return
+    lost = f"records {accepted}..{accepted + 1} it accepted are not known to be durable"
+    with pytest.raises(persistlog.LogFailedError, match=lost):
+        lg.close()
+    assert lg.close() == []  # closed: later calls return
+
+
+def test_close_of_a_buffered_log_failed_by_its_background_flush_raises(clean_memory_fs: None) -> None:
+    """The flush timer met the fence and failed the Log: the records it held were
+    acknowledged to update() but never written, so close() raises rather than return as
+    if they were sealed."""
+    url = "memory://fenced-buffered/log"
+    lg = persistlog.open(url, lambda emit: None, flush_interval=0.05)
+    _put(lg, "a", 1)
+    fence_newest_log(open_destination(url), "taker:1:fence")
+    lg.update({"op": "put", "key": "b", "value": 2})
+    wait_until(lambda: lg.failed is not None, 20, "the background flush to meet the fence")
+    with pytest.raises(persistlog.LogFailedError, match="not known to be durable, and may be missing from storage"):
+        lg.close()
+    assert restore_state(url)[0] == {"a": 1}
 
 
 def test_fence_ends_the_log_for_readers(clean_memory_fs: None) -> None:

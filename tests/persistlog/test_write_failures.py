@@ -38,7 +38,9 @@ def test_primary_write_failure_fails_the_log_for_good(log_dir: str) -> None:
     stats = lg.stats()
     assert stats["failed"] and "No space left" in stats["last_error"]
     assert stats["destinations"][0]["healthy"] is False
-    lg.close()  # lets go of the destination without pretending to seal
+    # Lets go of the destination without pretending to seal: "b" was written, not synced.
+    with pytest.raises(persistlog.LogFailedError, match="records 2..3 it accepted are not known to be durable"):
+        lg.close()
     with pytest.raises(persistlog.LogFailedError):
         lg.update({"op": "put", "key": "e", "value": 5})
     state, result = restore_state(log_dir)

@@ -16,7 +16,8 @@ that reports each acknowledged call, then ends:
   those a ``sync=True``/``sync()`` covered; in ``flush`` and ``fsync`` mode all);
 - ``pause`` (S3: SIGSTOP past the writer's lease; the next writer restores, writes and
   closes; then SIGCONT): the next writer restores a prefix as after a kill, and every call
-  the paused writer acknowledges as durable after it woke up is restored.
+  the paused writer acknowledges as durable after it woke up is restored, all of its calls
+  if its ``close()`` returns (a clean close makes every call durable, in any mode).
 
 Readers run during the writer's run and, after its clean close, must hold the restored
 state: ``follower`` (README's replica: a background ``persistlog.follow`` with README's
@@ -27,15 +28,13 @@ state after a clean close, to a prefix after a kill, and to the primary's state 
 after the next writer's clean close.
 
 CI runs ``COVERING``: every pattern with every mode and every ending on a local disk, each
-pattern on S3, the readers, the secondaries, a pause, and each known defect.
-``PERSISTLOG_MATRIX_FULL=1`` (``make reliability`` runs it through ``report.py``) runs the
-whole cross product too, and ``PERSISTLOG_MATRIX_JSON`` names a file for each case's
-figures. A case that fails because of a known defect is an xfail naming it, which expects
-only the failure the defect causes (``raises``): a wrong state where a reader crash is
-expected still fails. In CI these xfails are strict (each fails every time), but those of
-the readers that are not made to lag, which meet the defect only when retention happens to
-delete a log while they read it; in the full run none is strict, since there whether a
-case meets a defect can depend on where a segment boundary, a timer or a signal falls.
+pattern on S3, the readers, the secondaries, a pause, and on S3 the two paths that once lost
+acknowledged updates: an exit without ``close()`` (the seal at exit, ``_exit.py``) and a
+buffered writer paused past its lease whose log the next writer's retention deleted (the
+``confirm`` after a PUT, ``_segment_writer.py``). ``PERSISTLOG_MATRIX_FULL=1`` runs the
+whole cross product too (``python -m pytest tests/reliability/test_guarantee_matrix.py``),
+and ``PERSISTLOG_MATRIX_JSON`` names a file for each case's figures. Every case must pass:
+there is no known defect to expect.
 """
 
 from __future__ import annotations
@@ -101,34 +100,6 @@ class ReaderStopped(Exception):
     """``persistlog tail -f`` ended on its own, before the writer's last record."""
 
 
-# -- the defects that make some cases fail today ------------------------------------------
-
-
-@dataclass(frozen=True)
-class Defect:
-    reason: str
-    raises: tuple[type[BaseException], ...] = (GuaranteeBroken,)
-    #: Whether every case that meets it fails every time (a strict xfail in CI).
-    always: bool = True
-
-
-PAUSED_BUFFERED_ON_S3 = Defect(
-    "in buffered mode on S3, a writer paused (SIGSTOP) past its lease and woken after the next "
-    "writer fenced its log acknowledged the calls it made after waking, and its close() returned "
-    "without reporting that their PUT was refused: none of them is restored (fsync and flush modes "
-    "fail at once and acknowledge nothing)",
-    always=False,
-)
-
-
-EXIT_ON_S3 = Defect(
-    "at interpreter exit (the end of the script, or an uncaught KeyboardInterrupt) the seal of an open S3 "
-    "log fails: s3fs's requests raise 'cannot schedule new futures after shutdown' (concurrent.futures "
-    "stops its executors before atexit handlers run), so records not yet PUT are lost and the lease stays "
-    "held (ResourceStore.open then raises WriterConflict)",
-    (GuaranteeBroken, persistlog.WriterConflict))
-
-
 @dataclass(frozen=True)
 class Case:
     pattern: str
@@ -148,34 +119,16 @@ class Case:
     def calls(self) -> int:
         return (READER_CALLS if self.reader else CALLS)[self.dest]
 
-    def defects(self) -> list[Defect]:
-        """The known defects this case meets."""
-        found = []
-        # The asyncio app closes in its "async with" when Ctrl-C cancels it: no exit seal.
-        exit_seal = self.ending == "exit" or (self.ending == "interrupt" and self.pattern != "async")
-        if exit_seal and (self.secondary == "s3" or self.dest == "s3" and (
-                self.mode != "fsync" or self.pattern == "store")):
-            found.append(EXIT_ON_S3)
-        if self.ending == "pause" and self.dest == "s3" and self.mode == "buffered":
-            found.append(PAUSED_BUFFERED_ON_S3)
-        return found
-
-    def param(self, strict: bool) -> Any:
-        """The case as a pytest parameter: an xfail for its known defects, if any, which
-        expects only the failures they cause."""
-        marks: list[Any] = [pytest.mark.s3] if "s3" in (self.dest, self.secondary) else []
-        found = self.defects()
-        if found:
-            raises = tuple(dict.fromkeys(t for d in found for t in d.raises))
-            strict = strict and all(d.always for d in found)
-            marks.append(pytest.mark.xfail(strict=strict, raises=raises, reason="; ".join(d.reason for d in found)))
+    def param(self) -> Any:
+        """The case as a pytest parameter (marked ``s3`` when it needs the moto server)."""
+        marks = [pytest.mark.s3] if "s3" in (self.dest, self.secondary) else []
         return pytest.param(self, id=self.id, marks=marks)
 
 
 def covering() -> list[Case]:
     """Every pattern x mode x ending on a local disk (the triggers alternating); each
     pattern, each mode and each ending on S3; the readers; a secondary of each kind; and
-    each known defect once."""
+    an exit and a pause of a buffered writer on S3."""
     cases = [Case(pattern, mode, ending, trigger="records" if n % 2 else "bytes")
              for n, (pattern, mode, ending) in enumerate(product(PATTERNS, MODES, ("close", "exit", "kill", "interrupt")))]
     return cases + [
@@ -327,7 +280,6 @@ class Figures:
     """What one case checked, for docs/RELIABILITY.md."""
 
     case: str
-    defects: list[str] = field(default_factory=list)
     outcome: str = "not run"
     acked: int = 0  # acknowledged records (an update_many or a store.update counts each)
     durable: int = 0  # of them, acknowledged as durable where durability was what counted
@@ -715,7 +667,7 @@ def _write_figures() -> Iterator[None]:
 
 
 def _run(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    figures = Figures(case.id, [d.reason for d in case.defects()])
+    figures = Figures(case.id)
     _FIGURES.append(figures)
     try:
         Matrix(case, tmp_path, request, figures).run()
@@ -726,12 +678,12 @@ def _run(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c.param(strict=c.reader in (None, "follower-reset")) for c in COVERING])
+@pytest.mark.parametrize("case", [c.param() for c in COVERING])
 def test_guarantee(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     _run(case, tmp_path, request)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c.param(strict=False) for c in full() if c not in COVERING] if FULL else [])
+@pytest.mark.parametrize("case", [c.param() for c in full() if c not in COVERING] if FULL else [])
 def test_guarantee_full(case: Case, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     _run(case, tmp_path, request)
