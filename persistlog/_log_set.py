@@ -243,6 +243,11 @@ class LogSet(AbstractContextManager["LogSet"]):
             blocked = None if exists else dest.why_not_creatable()
         except OSError as e:
             raise DestinationError(f"cannot look at {self.root}: {e}") from e
+        if F.LOG_SET_NAME in files:
+            # Another process made the set between our look for the marker and this one.
+            found = _marker_depth(dest)
+            if found is not None:
+                return found
         if files or dirs:
             raise LogSetError(f"{self.root} is not a log set: {_what_is_there(dest, files, dirs)}")
         if blocked is not None:
