@@ -171,6 +171,7 @@ class Follower:
         # records of that batch to skip: ((log, segment, offset), how many).
         self._check_cursor = cursor is not None
         self._skip: tuple[tuple[int, int, int], int] | None = None
+        self._handed: Cursor | None = None  # the cursor handed in, while _skip is pending
         # Finds new segments and logs by their names, without listing.
         self._probe = SegmentProbe(dest)
 
@@ -179,6 +180,10 @@ class Follower:
     @property
     def cursor(self) -> Cursor | None:
         """The position after the last applied record (None before anything was read)."""
+        if self._skip is not None and self._handed is not None:
+            # Handed a cursor inside a batch: the scan starts at the batch, the position is
+            # still the one handed in until the records after it are applied.
+            return self._handed
         return self._cursor
 
     @property
@@ -499,6 +504,7 @@ class Follower:
         skip = records_to_skip(self.dest, cur.log, cur.segment, cur.offset, cur.next_lsn)
         self._check_cursor = False
         if skip:
+            self._handed = cur
             self._cursor = Cursor(cur.log, cur.segment, cur.offset, cur.next_lsn - skip)
             self._skip = ((cur.log, cur.segment, cur.offset), skip)
 

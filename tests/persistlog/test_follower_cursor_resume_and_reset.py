@@ -206,3 +206,30 @@ def test_cursor_ahead_of_the_log_resets(where: Where) -> None:
             f2.stop()
     finally:
         w.close()
+
+
+def test_a_cursor_inside_a_batch_is_the_position_until_a_record_after_it_is_applied(tmp_path: Any) -> None:
+    """Handed a cursor inside a batch, the follower scans from the batch's start but its
+    ``cursor`` stays the one handed in until a record after it is applied: an app (or a
+    consumer group) saving it meanwhile must not go back to the batch's start."""
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None)
+    last = lg.update_many([{"op": "put", "key": f"k{i}", "value": i} for i in range(10)])
+    assert last is not None
+    lg.close()
+    batch = next(fb for fb in drain(persistlog.follow(url), last) if len(fb.records) == 10)
+    inside = batch.record_cursor(batch.first_lsn + 3)  # after the batch's fourth record
+
+    def refuse(record: Any) -> None:
+        raise RuntimeError("the app cannot take it yet")
+
+    f = persistlog.follow(url, refuse, cursor=inside)
+    with pytest.raises(RuntimeError):
+        f.poll()
+    assert f.cursor == inside, (str(f.cursor), str(inside))
+    f.stop()
+    got: list[Any] = []
+    g = persistlog.follow(url, got.append, cursor=inside)
+    g.poll()
+    g.stop()
+    assert [r["value"] for r in got] == list(range(4, 10))
