@@ -89,7 +89,7 @@ class AsyncLog:
                 lsn, end = await self._offload(lg._append_encoded, [staged], False)
             else:
                 lsn, end = staged
-            if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
+            if sync or lg._hand_over_due(lsn, end):
                 # _written(), inlined: one coroutine less per awaited record (the hot path).
                 fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
                 if fut is not None:
@@ -123,7 +123,7 @@ class AsyncLog:
                 )
             else:
                 lsn, end = staged
-            if sync or end >= lg._batch_bytes or lsn >= lg._cut_lsn:
+            if sync or lg._hand_over_due(lsn, end):
                 await self._written(lsn, bool(sync) or lg._sync_each)
             return lsn
         except HandedOver:

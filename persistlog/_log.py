@@ -383,7 +383,7 @@ class Log:
                     data = self._take_back(pos, end)
             if data is not None:
                 lsn, end = self._append_encoded([data], snapshot=False)
-            if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+            if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:  # _hand_over_due, inlined
                 self._commit(lsn, durable=sync or self._sync_each)
             elif not self._flush_armed:
                 self._arm_flush()  # flushed one interval from now
@@ -417,7 +417,7 @@ class Log:
                 # is buffered first if the call does not fit beside it.
                 staged = self._append_encoded([self._encode(item) for item in items], snapshot=False, whole=True)
             lsn, end = staged
-            if sync or end >= self._batch_bytes or lsn >= self._cut_lsn:
+            if sync or self._hand_over_due(lsn, end):
                 self._commit(lsn, durable=sync or self._sync_each)
             else:
                 self._arm_flush()
@@ -836,6 +836,48 @@ class Log:
             # the rotation job has switched to the new log, so that the old one grows
             # past its trigger by at most the batch buffered meanwhile.
             self._wait_for_switch(switching)
+
+    # -- the cut rule, as the rotator sets it -------------------------------------------
+
+    def _hand_over_due(self, lsn: int, end: int) -> bool:
+        """Whether the call that appended up to ``lsn`` (``end`` bytes buffered) hands the
+        batch over itself: a full batch, or the record-count trigger's cut (in flush and
+        fsync modes every call's; ``update()`` inlines this)."""
+        return end >= self._batch_bytes or lsn >= self._cut_lsn
+
+    def _cut_batches_at(self, left: int | None) -> None:
+        """Hand batches over once they hold ``left`` bytes (what the size trigger leaves in
+        this log, at most ``batch_bytes``; None: whole batches)."""
+        full = self.settings.batch_bytes
+        self._batch_bytes = full if left is None else max(1, min(full, left))
+
+    def _cut_at_lsn(self, lsn: int) -> None:
+        """Have ``update()`` hand its batch over at ``lsn`` (the record-count trigger's; in
+        flush and fsync modes every batch is handed over at once anyway)."""
+        if not self._eager:
+            self._cut_lsn = lsn
+
+    def _hold_writers_for_switch(self) -> None:
+        """A size or count trigger fired: writers handing batches over wait (see
+        ``_commit``) until :meth:`_release_writers_held_for_switch`."""
+        switching = threading.Lock()
+        switching.acquire()
+        self._switching = switching
+
+    def _release_writers_held_for_switch(self) -> None:
+        """The new log is started (or will not be): let the held writers go."""
+        switching, self._switching = self._switching, None
+        if switching is not None:
+            try:
+                switching.release()
+            except RuntimeError:
+                pass  # two threads swapped it out at once: the other released it
+
+    def _mark_complete(self) -> int:
+        """The current log's ``complete`` record was just written (holds ``_io_lock``):
+        its seal will say so. Returns the LSN due there."""
+        self._complete_lsn = self._written_lsn  # control batches take no LSN
+        return self._complete_lsn
 
     def _wait_for_switch(self, switching: threading.Lock) -> None:
         # A plain lock, polled: an Event's wait() enters a Condition, whose Python-level

@@ -389,46 +389,37 @@ class Rotator:
         if self._due or len(self._queue) > 1 or (self._queue and not self.retaining):
             # Whole batches while a rotation is due or enumerating; this runs again after
             # it. (One only deleting old logs has a complete log already: queue the next.)
-            lg._batch_bytes = lg.settings.batch_bytes
+            lg._cut_batches_at(None)
             self._arm_records(records_due)
             return
         log_bytes = sw.bytes_written - self._snapshot_bytes
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
             self._arm_records(True)
-            lg._batch_bytes = lg.settings.batch_bytes
+            lg._cut_batches_at(None)
             if not self.concurrent:
                 self.trigger()  # the app's next call starts it, with updates held
                 return
             # Set before the request: the rotation job may switch before it returns.
-            switching = threading.Lock()
-            switching.acquire()
-            lg._switching = switching
+            lg._hold_writers_for_switch()
             self.request()
             if self._stop:  # refused: the log is closing
                 self._switched()
             return
         self._arm_records(False)
         if self.rotate_bytes is not None:
-            lg._batch_bytes = max(1, min(lg.settings.batch_bytes, self.rotate_bytes - log_bytes))
+            lg._cut_batches_at(self.rotate_bytes - log_bytes)
 
     def _arm_records(self, off: bool) -> None:
         """Have update() hand its batch over at the record-count trigger (buffered mode)."""
         lg = self.lg
-        if lg._eager:
-            return
         if off or self.rotate_records is None:
-            lg._cut_lsn = NEVER
+            lg._cut_at_lsn(NEVER)
         else:
-            lg._cut_lsn = lg._written_lsn + self.rotate_records - lg._log_update_records - 1
+            lg._cut_at_lsn(lg._written_lsn + self.rotate_records - lg._log_update_records - 1)
 
     def _switched(self) -> None:
         """Release the writers a fired trigger holds (the new log is started, or will not be)."""
-        switching, self.lg._switching = self.lg._switching, None
-        if switching is not None:
-            try:
-                switching.release()
-            except RuntimeError:
-                pass  # two threads swapped it out at once: the other released it
+        self.lg._release_writers_held_for_switch()
 
     def check_interval(self) -> None:
         if self.rotate_interval is None or self.rotating or self._queue or self._due:
@@ -551,7 +542,7 @@ class Rotator:
         with lg._io_lock:
             lg._check()
             lg._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
-            complete_lsn = lg._complete_lsn = lg._written_lsn  # control batches take no LSN
+            complete_lsn = lg._mark_complete()
             lg._sync_primary()
             sw = lg._current_writer
             self._snapshot_bytes = sw.bytes_written if sw is not None else 0

@@ -5,6 +5,7 @@ both."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -47,6 +48,14 @@ def _check_every_acknowledged_update_restores(state: dict[str, Any], *writers: t
         assert not missing, f"{len(missing)} updates {name} acknowledged are lost: {missing[:10]}"
         for key in acked:
             assert state[key] == int(key.rsplit(".", 1)[1])
+
+
+def _kv_open(url: str, **options: Any) -> tuple[persistlog.Log, dict[str, Any]]:
+    """A Log whose app keeps a dict: restored by ``replay``, written by ``enumerate_all``."""
+    state: dict[str, Any] = {}
+    lg = persistlog.open(url, lambda emit: [emit({"op": "put", "key": k, "value": v}) for k, v in list(state.items())],
+                         replay=lambda r: state.__setitem__(r["key"], r["value"]), **options)
+    return lg, state
 
 
 @pytest.fixture
@@ -253,3 +262,92 @@ def test_handover_options_are_checked_before_anything_is_written(tmp_path: Path)
         with pytest.raises(error):
             persistlog.open(url, lambda emit: None, **bad)
     assert not os.path.exists(url) or not os.listdir(url)
+
+
+def test_an_asker_that_died_leaves_the_log_closed_and_free(tmp_path: Path) -> None:
+    """A request from a process that died after asking: the live writer hands over all
+    the same (to nobody), and the next process opens at once, with every update there."""
+    url = str(tmp_path / "log")
+    state: dict[str, int] = {}
+    lg = persistlog.open(url, lambda emit: [emit({"op": "put", "key": k, "value": v}) for k, v in state.items()],
+                         handover=True, durability="flush")
+    for i in range(20):
+        lg.update({"op": "put", "key": f"k{i}", "value": i})
+        state[f"k{i}"] = i
+    now = time.time()
+    (tmp_path / "log" / F.HANDOVER_NAME).write_bytes(
+        _encoder.handover_request("dead:1:x", "h", 1, lg.writer_id, now, now + 30))
+    deadline = time.monotonic() + 10
+    while not lg.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lg.handed_over == "dead:1:x"
+    with pytest.raises(persistlog.HandedOver):
+        lg.update({"op": "put", "key": "late", "value": 0})
+    started = time.monotonic()
+    again, restored = _kv_open(url, handover=True, handover_timeout=5)
+    assert time.monotonic() - started < 5  # the lock was free: nobody to wait for
+    assert restored == state
+    again.close()
+    assert _restored({"url": url}) == state
+
+
+def test_an_asyncio_log_hands_over_and_its_tasks_are_told(tmp_path: Path) -> None:
+    """``open_async(..., handover=True)``: tasks updating it when another writer asks get
+    HandedOver once the log is sealed; every update they were told was logged restores."""
+    url = str(tmp_path / "log")
+    acked: dict[str, int] = {}
+    told: list[BaseException] = []
+
+    async def main() -> None:
+        alog = await persistlog.open_async(url, lambda emit: None, handover=True, durability="flush")
+
+        async def task(t: int) -> None:
+            for j in range(100_000):
+                try:
+                    await alog.update({"op": "put", "key": f"{t}.{j}", "value": j})
+                except persistlog.HandedOver as e:
+                    told.append(e)
+                    return
+                acked[f"{t}.{j}"] = j
+                await asyncio.sleep(0)
+
+        tasks = [asyncio.create_task(task(t)) for t in range(8)]
+        await asyncio.sleep(0.3)
+        new, _ = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: _kv_open(url, handover=True, handover_timeout=10))
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await alog.close()
+        new.close()
+
+    asyncio.run(main())
+    assert len(told) == 8 and all(e.to for e in told)
+    state = _restored({"url": url})
+    assert acked and {k: state.get(k) for k in acked} == acked
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_an_old_writer_paused_past_its_lease_is_fenced_by_the_one_that_asked(
+    tmp_path: Path, s3_bucket: str, s3_storage_options: dict[str, Any]
+) -> None:
+    """A paused writer cannot answer; the asker takes over once the lease ran out (within
+    its timeout), fencing the old writer's log: resumed, the old writer fails at its next
+    write and nothing either acknowledged is lost."""
+    cfg = _config("s3", tmp_path, (s3_bucket, s3_storage_options), "fsync", lease_ttl=2.0)
+    old = _writer(cfg, tmp_path, "old")
+    new = None
+    try:
+        old.wait_for("acknowledgements", lambda: old.count("A ") >= 20, 60)
+        old.signal(signal.SIGSTOP)
+        new = _writer(cfg, tmp_path, "new", count=10, hold=True, open={**cfg["open"], "handover_timeout": 20})
+        new.wait_for("acknowledgements", lambda: new.count("A ") >= 20, 60)
+        old.signal(signal.SIGCONT)
+        assert old.wait(30) == 3, old.stderr()
+        failures = [line for line in old.lines if line.startswith("F ")]
+        assert failures and not any("HandedOver" in line for line in failures), failures  # fenced, not asked
+        assert new.finish(30) == 0 and new.lines[-1] == "D", new.stderr()
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    _check_every_acknowledged_update_restores(_restored(cfg), (old, "old"), (new, "new"))
