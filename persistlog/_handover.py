@@ -159,6 +159,7 @@ class HandoverWatch:
         self.every = POLL_LOCAL if dest.appendable else POLL_OBJECT
         self.due = time.monotonic() + self.every
         self.answering: HandoverRequest | None = None
+        self._ignored: HandoverRequest | None = None  # a stale request, logged once
 
     def look(self) -> None:
         """Look for a request once (the background job calls this when ``due``)."""
@@ -166,17 +167,15 @@ class HandoverWatch:
         if self.answering is not None:
             return
         try:
-            self._dest.size(F.HANDOVER_NAME)
-        except FileNotFoundError:
-            return
+            request = read_request(self._dest)  # one stat or GET when there is none
         except OSError as e:
             log.debug("looking for a handover request at %s: %s", self._dest.url, e)
             return
-        request = read_request(self._dest)
-        if request is None or request.to != self._writer_id:
-            return  # not one, or not for this writer (it asked the one before)
+        if request is None or request.to != self._writer_id or request == self._ignored:
+            return  # none, not one, not for this writer (it asked the one before), or said already
         if request.deadline - time.time() < ANSWER_MARGIN:
             log.info("ignoring a handover request at %s from %s: its asker has given up", self._dest.url, request.by)
+            self._ignored = request
             return
         self.answering = request
         threading.Thread(target=self._answer, args=(request,), name=f"persistlog-handover {self._dest.url}",
