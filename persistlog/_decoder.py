@@ -37,6 +37,8 @@ class SegmentHeader:
     seq: int
     segment: int
     first_lsn: int
+    #: 1, or 2 (``F.CHAINED_VERSION``): every batch carries a hash link.
+    version: int = F.FORMAT_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,11 @@ class BatchHeader:
         return F.BATCH_HEADER_SIZE + self.stored_len
 
     @property
+    def linked(self) -> bool:
+        """Whether the stored payload starts with a hash link (format version 2)."""
+        return bool(self.flags & F.FLAG_LINKED)
+
+    @property
     def lsn_count(self) -> int:
         """LSNs this batch takes: control records take none."""
         return 0 if self.flags & F.KIND_MASK == F.KIND_CONTROL else self.count
@@ -73,11 +80,11 @@ def parse_segment_header(buf: bytes | memoryview) -> SegmentHeader:
     (crc,) = F.U32.unpack_from(buf, F.SEGMENT_HEADER.size)
     if crc != _crc32(body):
         raise Damage("segment header checksum mismatch", 0)
-    if version != F.FORMAT_VERSION:
-        raise Damage(f"unknown format version {version} (this reader knows {F.FORMAT_VERSION})", 0)
+    if version not in F.SEGMENT_VERSIONS:
+        raise Damage(f"unknown format version {version} (this reader knows {', '.join(map(str, F.SEGMENT_VERSIONS))})", 0)
     if hsize != F.SEGMENT_HEADER_SIZE:
         raise Damage(f"unexpected segment header size {hsize}", 0)
-    return SegmentHeader(seq=seq, segment=segment, first_lsn=first_lsn)
+    return SegmentHeader(seq=seq, segment=segment, first_lsn=first_lsn, version=version)
 
 
 def is_zeros(buf: bytes | memoryview) -> bool:
@@ -100,7 +107,10 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
         raise Damage(f"unknown batch flags 0x{flags:04x}", offset)
     if stored > F.MAX_BATCH_BYTES or raw > F.MAX_BATCH_BYTES:
         raise Damage(f"batch length {max(stored, raw)} exceeds the {F.MAX_BATCH_BYTES}-byte limit", offset)
-    if flags & F.COMPRESSION_MASK == F.COMPRESSION_NONE and stored != raw:
+    link = F.LINK_SIZE if flags & F.FLAG_LINKED else 0
+    if stored < link:
+        raise Damage(f"linked batch of {stored} stored bytes, shorter than its link", offset)
+    if flags & F.COMPRESSION_MASK == F.COMPRESSION_NONE and stored - link != raw:
         raise Damage("uncompressed batch with differing stored and raw lengths", offset)
     if count > max(raw, 1) or (count == 0 and raw):
         raise Damage(f"record count {count} impossible for {raw} payload bytes", offset)
@@ -108,9 +118,12 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
 
 
 def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) -> bytes:
-    """The raw payload, after its checksum and (bounded) decompression."""
+    """The raw payload, after its checksum and (bounded) decompression (without the link
+    a chained batch's stored bytes start with)."""
     if _crc32(stored) != header.payload_crc:
         raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
+    if header.flags & F.FLAG_LINKED:
+        stored = memoryview(stored)[F.LINK_SIZE:]
     compression = header.flags & F.COMPRESSION_MASK
     if compression == F.COMPRESSION_NONE:
         return bytes(stored)

@@ -15,9 +15,10 @@ from . import _format as F
 _crc32 = zlib.crc32
 
 
-def segment_header(seq: int, segment: int, first_lsn: int) -> bytes:
+def segment_header(seq: int, segment: int, first_lsn: int, version: int = F.FORMAT_VERSION) -> bytes:
+    """A segment header; ``version`` 2 (``F.CHAINED_VERSION``) for a chained log."""
     head = F.SEGMENT_HEADER.pack(
-        F.SEGMENT_MAGIC, F.FORMAT_VERSION, F.SEGMENT_HEADER_SIZE, segment, seq, first_lsn, 0
+        F.SEGMENT_MAGIC, version, F.SEGMENT_HEADER_SIZE, segment, seq, first_lsn, 0
     )
     return head + F.U32.pack(_crc32(head))
 
@@ -33,21 +34,28 @@ def _compress(raw: bytes, compression: int) -> bytes:
 
 
 def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
-          compression: int = F.COMPRESSION_NONE) -> bytes:
-    """One batch: header (with both checksums) followed by the stored payload."""
+          compression: int = F.COMPRESSION_NONE, link: bytes | None = None) -> bytes:
+    """One batch: header (with both checksums) followed by the stored payload, which starts
+    with ``link`` (the hash of the batch before it) in a chained log."""
     stored = _compress(payload, compression) if compression else payload
     if compression and len(stored) >= len(payload):
         # Incompressible: store it raw rather than pay to inflate it on every read.
         stored, compression = payload, F.COMPRESSION_NONE
+    if link is None:
+        head = F.BATCH_HEADER.pack(
+            len(stored), len(payload), count, kind | compression, F.BATCH_MARKER, first_lsn,
+            commit_us, _crc32(stored),
+        )
+        return head + F.U32.pack(_crc32(head)) + stored
     head = F.BATCH_HEADER.pack(
-        len(stored), len(payload), count, kind | compression, F.BATCH_MARKER, first_lsn,
-        commit_us, _crc32(stored),
+        F.LINK_SIZE + len(stored), len(payload), count, kind | compression | F.FLAG_LINKED, F.BATCH_MARKER,
+        first_lsn, commit_us, _crc32(stored, _crc32(link)),
     )
-    return head + F.U32.pack(_crc32(head)) + stored
+    return b"".join((head, F.U32.pack(_crc32(head)), link, stored))
 
 
 def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn: int,
-                 commit_us: int, compression: int = F.COMPRESSION_NONE) -> bytes:
+                 commit_us: int, compression: int = F.COMPRESSION_NONE, link: bytes | None = None) -> bytes:
     """A batch of app records already encoded as one CBOR sequence; ``snapshots`` lists
     the indexes of the records that came from an enumeration (the rest are updates)."""
     if not snapshots:
@@ -59,20 +67,24 @@ def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn
         for i in snapshots:
             bitmap[i >> 3] |= 1 << (i & 7)
         kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + payload
-    return frame(payload, count, kind, first_lsn, commit_us, compression)
+    return frame(payload, count, kind, first_lsn, commit_us, compression, link)
 
 
-def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: int) -> bytes:
+def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: int,
+                  link: bytes | None = None) -> bytes:
     """A batch of control records; it takes no LSN (its first LSN is the next one due)."""
     payload = b"".join(cbor2.dumps(r) for r in records)
-    return frame(payload, len(records), F.KIND_CONTROL, next_lsn, commit_us)
+    return frame(payload, len(records), F.KIND_CONTROL, next_lsn, commit_us, link=link)
 
 
-def fence_segment(seq: int, segment: int, first_lsn: int, writer: str, commit_us: int) -> bytes:
+def fence_segment(seq: int, segment: int, first_lsn: int, writer: str, commit_us: int,
+                  link: bytes | None = None) -> bytes:
     """A fence segment: segment ``segment`` of log ``seq``, starting at the LSN due
-    ``first_lsn``, holding one control batch with one ``fence`` record and nothing else."""
+    ``first_lsn``, holding one control batch with one ``fence`` record and nothing else;
+    in a chained log (``link``: the log's chain head) a version 2 segment."""
     record = {"t": F.CONTROL_FENCE, "writer": writer, "created": commit_us}
-    return segment_header(seq, segment, first_lsn) + control_batch([record], first_lsn, commit_us)
+    version = F.FORMAT_VERSION if link is None else F.CHAINED_VERSION
+    return segment_header(seq, segment, first_lsn, version) + control_batch([record], first_lsn, commit_us, link)
 
 
 def seal_trailer(seal_offset: int) -> bytes:

@@ -7,6 +7,10 @@ import re
 import struct
 
 FORMAT_VERSION = 1
+# The segment format version of a chained log: its batches carry a hash link (FLAG_LINKED).
+# CURRENT, CLOSED and consumer files stay at version 1.
+CHAINED_VERSION = 2
+SEGMENT_VERSIONS = (FORMAT_VERSION, CHAINED_VERSION)
 
 # Segment header: magic, version, header length, segment number, log seq, first LSN,
 # reserved, CRC-32 of everything before it.
@@ -19,6 +23,7 @@ SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size + 4  # 40 with the trailing CRC
 BATCH_HEADER = struct.Struct("<IIIH2sQqI")
 BATCH_HEADER_SIZE = BATCH_HEADER.size + 4  # 40
 BATCH_MARKER = b"PB"
+BATCH_FLAGS_OFFSET = 12
 
 # Seal trailer, the last 16 bytes of a sealed log's last segment: magic, offset of the seal
 # batch within the segment, CRC-32 of the 12 bytes before it.
@@ -51,6 +56,7 @@ LOG_SET_VERSION = 1
 LOG_SET_NAME = "LOGSET"
 
 U32 = struct.Struct("<I")
+U16 = struct.Struct("<H")
 
 # Batch flags.
 KIND_MASK = 0x0003
@@ -62,7 +68,11 @@ COMPRESSION_MASK = 0x000C
 COMPRESSION_NONE = 0x0000
 COMPRESSION_GZIP = 0x0004  # zlib stream (RFC 1950)
 COMPRESSION_ZSTD = 0x0008  # zstandard frame with its content size
-KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK
+# The stored payload starts with a 32-byte link: the SHA-256 of the batch before it (the
+# hash chain of format version 2; set on every batch of a version 2 segment, never in 1).
+FLAG_LINKED = 0x0010
+LINK_SIZE = 32
+KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED
 
 # Limits, checked before any allocation driven by bytes read from storage.
 MAX_BATCH_BYTES = 64 * 1024 * 1024
@@ -92,6 +102,8 @@ HEADER_AFTER_GAP = "after_gap"
 # Key of a seal record: the LSN due when the log's ``complete`` record was written. Equal to
 # the seal's ``next_lsn``, the log holds its snapshot and nothing after it.
 SEAL_COMPLETE_LSN = "complete_lsn"
+# Key of a seal record of a chained log: the chain head it ends at (32 bytes).
+SEAL_CHAIN = "chain"
 
 FIRST_LSN = 1
 FIRST_SEQ = 1

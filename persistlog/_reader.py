@@ -17,6 +17,7 @@ from typing import Any
 from destinations import Destination
 
 from . import _format as F
+from ._chain import batch_hash
 from ._decoder import (
     BatchHeader,
     Damage,
@@ -151,6 +152,12 @@ class LogState:
     after_gap: bool = False
     # Where the scan stopped: segment number and offset of the next byte to read.
     position: tuple[int, int] = (0, 0)
+    # Format version 2: the log's batches carry hash links (docs/FORMAT.md, "Hash chain").
+    chained: bool = False
+    # The link of the log's first batch (its header): the chain head of the log before it.
+    first_link: bytes | None = None
+    # The chain head where the scan stopped: the hash of the last batch that moves it.
+    chain_head: bytes | None = None
 
     @property
     def complete(self) -> bool:
@@ -454,6 +461,7 @@ class LogScanner:
         *,
         recovery: str = "strict",
         expect_first_lsn: int | None = None,
+        expect_link: bytes | None = None,
         start: ScanStart | None = None,
         tail_ok: bool = False,
         more_segments: bool = False,
@@ -466,7 +474,15 @@ class LogScanner:
         self.segments = segments
         self.recovery = recovery
         self.expect_first_lsn = expect_first_lsn
+        # The chain head of the log before this one, which its first batch must link to
+        # (None: not known, or that log is not chained; the first link is taken as given).
+        self.expect_link = expect_link
         self.start = start
+        # The link the next batch must carry (None: taken as given), and where the batch
+        # it is the hash of sits.
+        self._link: bytes | None = None
+        self._linked_from: tuple[str, int] | None = None
+        self._version: int | None = None
         self.tail_ok = tail_ok
         # True when the caller knows a later segment exists beyond those given, so that
         # none of them may end in a torn tail.
@@ -498,8 +514,10 @@ class LogScanner:
             missing = sorted(set(expected_numbers) - set(numbers))
             self._corrupt(f"segment(s) {missing} missing from the middle of the log", self.segments[-1][1], 0)
         next_lsn = self.expect_first_lsn
+        self._link = self.expect_link
         if self.start is not None:
             next_lsn = self.start[2]
+            self._link = None
         last_index = len(self.segments) - 1
         for index, (number, name) in enumerate(self.segments):
             if self.start is not None and number < self.start[0]:
@@ -552,6 +570,11 @@ class LogScanner:
             if next_lsn is None:
                 next_lsn = sh.first_lsn
                 st.first_lsn = sh.first_lsn
+            if self._version is None:
+                self._version = sh.version
+                st.chained = sh.version == F.CHAINED_VERSION
+            elif sh.version != self._version:
+                self._corrupt(f"segment of format version {sh.version} in a log of version {self._version}", name, 0)
             pos = F.SEGMENT_HEADER_SIZE
         else:
             pos = resume
@@ -561,7 +584,8 @@ class LogScanner:
         while pos < size:
             end = size
             try:
-                header = parse_batch_header(seg.get(pos, F.BATCH_HEADER_SIZE), pos)
+                head_bytes = seg.get(pos, F.BATCH_HEADER_SIZE)
+                header = parse_batch_header(head_bytes, pos)
                 end = pos + header.size
                 if end > size:
                     raise Damage(
@@ -601,11 +625,14 @@ class LogScanner:
                 # Skip mode: the LSNs of what was skipped are unknown; the chain resumes at
                 # the next intact batch instead of reporting the same damage twice.
                 next_lsn = None
+                self._link = None
                 continue
             if next_lsn is not None and header.first_lsn != next_lsn:
                 self._corrupt(f"batch starts at LSN {header.first_lsn}, expected {next_lsn}", name, pos)
             next_lsn = header.first_lsn + header.lsn_count
             st.next_lsn = next_lsn
+            if header.linked or st.chained:
+                self._check_link(header, head_bytes, stored, controls, name, pos)
             batch = Batch(self.seq, number, pos, header, raw, controls)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
@@ -627,6 +654,46 @@ class LogScanner:
                 st.position = (number, size)
                 return
 
+    def _check_link(
+        self, header: BatchHeader, head_bytes: bytes, stored: bytes, controls: list[dict[str, Any]] | None,
+        name: str, pos: int,
+    ) -> None:
+        """Check the hash link of the batch at ``pos`` and move the chain head past it."""
+        st = self.state
+        if self._version is None:  # a scan resumed inside a segment: its batches say
+            self._version = F.CHAINED_VERSION if header.linked else F.FORMAT_VERSION
+            st.chained = header.linked
+        if not header.linked or not st.chained:
+            why = "without a hash link in a chained log" if st.chained else "with a hash link in an unchained log"
+            self._corrupt(f"batch {why}", name, pos)
+            self._link = None
+            return
+        link = stored[: F.LINK_SIZE]
+        if st.first_link is None and pos == F.SEGMENT_HEADER_SIZE and self.start is None and name == self.segments[0][1]:
+            st.first_link = link
+        if self._link is not None and link != self._link:
+            if self._linked_from is None:
+                before = f"the log before it ends at chain head {self._link.hex()[:16]}"
+            else:
+                before = f"the batch before it ({self._linked_from[0]} offset {self._linked_from[1]}) hashes to {self._link.hex()[:16]}"
+            self._corrupt(
+                f"hash chain broken: the batch at LSN {header.first_lsn} links to {link.hex()[:16]}, but {before} "
+                "(a batch was changed, removed or inserted)", name, pos,
+            )
+        ends = controls is not None and any(c["t"] in (F.CONTROL_SEAL, F.CONTROL_FENCE) for c in controls)
+        if ends:
+            # A seal or fence links to the head and leaves it there: the next log was linked
+            # to that head before its seal was written.
+            if st.chain_head is None:
+                st.chain_head = link
+            for c in controls or ():
+                if c["t"] == F.CONTROL_SEAL and c.get(F.SEAL_CHAIN) != link:
+                    self._corrupt("the seal names another chain head than its link", name, pos)
+            self._link = link
+            return
+        self._link = st.chain_head = batch_hash(head_bytes, stored)
+        self._linked_from = (name, pos)
+
     def _apply_controls(self, controls: list[dict[str, Any]], header: BatchHeader, name: str, pos: int) -> None:
         st = self.state
         for c in controls:
@@ -635,6 +702,10 @@ class LogScanner:
                 if c.get("seq") != self.seq:
                     self._corrupt(f"log header names log {c.get('seq')}", name, pos)
                 st.header = c
+                if c.get(F.HEADER_AFTER_GAP) is True:
+                    # A secondary re-wrote this header: the batch after it links to the
+                    # writer's own header, whose hash is not this one's.
+                    self._link = None
             elif t == F.CONTROL_COMPLETE:
                 st.complete_lsn = header.first_lsn - 1
             elif t == F.CONTROL_SEAL:
@@ -763,6 +834,32 @@ def end_after_seal(
         return seq, int(seal["next_lsn"])
     next_lsn = last_segment_state(dest, seq, logs[seq]).next_lsn
     return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
+
+
+def chain_end(dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: dict[str, Any] | None) -> bytes:
+    """The chain head the next log at ``dest`` links to (docs/FORMAT.md, "Hash chain"):
+    where the newest log's chain ends, from its seal (what :func:`newest_seal` read) or a
+    scan of its last segments; the genesis link when there is no log or it is not chained."""
+    from ._chain import GENESIS
+
+    if not logs:
+        return GENESIS
+    if seal is not None:
+        head = seal.get(F.SEAL_CHAIN)
+        return head if isinstance(head, bytes) and len(head) == F.LINK_SIZE else GENESIS
+    seq = max(logs)
+    segments = logs[seq]
+    for i in range(len(segments) - 1, -1, -1):
+        # A segment a writer rolled to may hold no batch yet: the head is in one before it.
+        scanner = LogScanner(dest, seq, segments[: i + 1], start=(segments[i][0], 0, None))
+        for _batch in scanner:
+            pass
+        st = scanner.state
+        if not st.chained:
+            return GENESIS
+        if st.chain_head is not None:
+            return st.chain_head
+    return GENESIS
 
 
 def last_segment_state(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> LogState:

@@ -1,0 +1,68 @@
+"""The hash chain of format version 2 (docs/FORMAT.md, "Hash chain").
+
+Every batch of a chained log starts its stored payload with a 32-byte *link*: the SHA-256
+of the batch before it, whole (header and stored bytes, link included). The chain runs on
+across segments and logs: the first batch of a log (its header) links to the head of the
+log before it. The seal links to the head and leaves it where it is: the next log was
+started (and linked to that head) before the seal was written.
+
+:class:`Chain` is the writer's end: the head the next batch links to. The reading end is
+in ``_reader.LogScanner``, which checks every link as it reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from . import _format as F
+
+#: The link of the first batch of a chain: a log with no chained log before it.
+GENESIS = bytes(F.LINK_SIZE)
+
+
+def batch_hash(*parts: bytes | memoryview) -> bytes:
+    """The SHA-256 of a whole batch, given as its parts in order."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def head_after(batch: bytes) -> bytes | None:
+    """The chain head after ``batch`` (one whole framed batch), None if it carries no link."""
+    (flags,) = F.U16.unpack_from(batch, F.BATCH_FLAGS_OFFSET)
+    if not flags & F.FLAG_LINKED:
+        return None
+    return batch_hash(batch)
+
+
+def link_of(batch: bytes) -> bytes | None:
+    """The link ``batch`` (one whole framed batch) carries, None if it carries none."""
+    (flags,) = F.U16.unpack_from(batch, F.BATCH_FLAGS_OFFSET)
+    if not flags & F.FLAG_LINKED:
+        return None
+    return bytes(batch[F.BATCH_HEADER_SIZE:F.BATCH_HEADER_SIZE + F.LINK_SIZE])
+
+
+def segment_version(first_batch: bytes) -> int:
+    """The segment format version of a log whose first batch is ``first_batch``."""
+    return F.CHAINED_VERSION if link_of(first_batch) is not None else F.FORMAT_VERSION
+
+
+class Chain:
+    """A writer's chain head: what the next batch it frames links to (None: chain off)."""
+
+    __slots__ = ("head",)
+
+    def __init__(self, head: bytes | None) -> None:
+        if head is not None and len(head) != F.LINK_SIZE:
+            raise ValueError(f"a chain head is {F.LINK_SIZE} bytes, not {len(head)}")
+        self.head = head
+
+    def advance(self, batch: bytes) -> None:
+        """``batch`` was appended: the next batch links to it."""
+        if self.head is not None:
+            self.head = batch_hash(batch)
+
+    def __repr__(self) -> str:
+        return "Chain(off)" if self.head is None else f"Chain(head={self.head[:8].hex()}…)"
