@@ -31,6 +31,7 @@ from destinations import AppendFile, Destination
 
 from . import _encoder
 from . import _format as F
+from ._chain import segment_version
 from ._errors import WriterConflict
 from ._reader import last_segment_state, list_logs, newer_log
 
@@ -46,13 +47,16 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def seal_batch(next_lsn: int, complete_lsn: int | None = None) -> bytes:
+def seal_batch(next_lsn: int, complete_lsn: int | None = None, chain: bytes | None = None) -> bytes:
     """The control batch that ends a log whose successor starts at ``next_lsn``;
-    ``complete_lsn`` is where its ``complete`` record stands, if it has one."""
+    ``complete_lsn`` is where its ``complete`` record stands, if it has one; ``chain`` the
+    log's chain head (None: the log is not chained)."""
     seal: dict[str, Any] = {"t": F.CONTROL_SEAL, "next_lsn": next_lsn}
     if complete_lsn is not None:
         seal[F.SEAL_COMPLETE_LSN] = complete_lsn
-    return _encoder.control_batch([seal], next_lsn, now_us())
+    if chain is not None:
+        seal[F.SEAL_CHAIN] = chain
+    return _encoder.control_batch([seal], next_lsn, now_us(), chain)
 
 
 def move_pointer(dest: Destination, seq: int) -> bool:
@@ -123,7 +127,7 @@ def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
         number = segments[-1][0] + 1
         name = F.segment_name(seq, number)
         try:
-            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us()))
+            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us(), st.chain_head))
         except FileExistsError:
             continue  # the other writer's segment landed first: fence after it
         log.info("fenced log %d at %s with %s: a writer before this one can add nothing to it", seq, dest.url, name)
@@ -145,6 +149,7 @@ class SegmentWriter:
         self.sealed = False
         self.next_lsn = 0  # the first LSN not appended yet
         self._seal_written = False
+        self.version = F.FORMAT_VERSION  # of its segments: that of its header batch
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
         """Create segment 0 holding the log header; durable when this returns."""
@@ -187,7 +192,7 @@ class AppendSegments(SegmentWriter):
 
     def _open_segment(self, number: int, first_lsn: int, first_batch: bytes = b"") -> None:
         name = F.segment_name(self.seq, number)
-        head = _encoder.segment_header(self.seq, number, first_lsn)
+        head = _encoder.segment_header(self.seq, number, first_lsn, self.version)
         self.dest.create(name, head + first_batch)
         self._file = self.dest.open_append(name)
         self._size = len(head) + len(first_batch)
@@ -195,6 +200,7 @@ class AppendSegments(SegmentWriter):
         self.bytes_written += self._size
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
+        self.version = segment_version(header_batch)
         self._open_segment(0, first_lsn, header_batch)
         self.next_lsn = first_lsn
 
@@ -245,7 +251,7 @@ class AppendSegments(SegmentWriter):
         old.sync()
         number = self.segment + 1
         name = F.segment_name(self.seq, number)
-        head = _encoder.segment_header(self.seq, number, first_lsn)
+        head = _encoder.segment_header(self.seq, number, first_lsn, self.version)
         try:
             self.dest.create(name, head)
         except FileExistsError:
@@ -321,7 +327,7 @@ class ObjectSegments(SegmentWriter):
 
     def _put(self, extra: bytes = b"", trailer: bool = False) -> None:
         number = self.segment + 1
-        head = _encoder.segment_header(self.seq, number, self._pending_first_lsn)
+        head = _encoder.segment_header(self.seq, number, self._pending_first_lsn, self.version)
         count = len(self._pending)
         body = b"".join(self._pending)
         tail = b""
@@ -349,6 +355,7 @@ class ObjectSegments(SegmentWriter):
         self._pending_first_lsn = self.next_lsn if not self._pending else self._pending_first_lsn
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
+        self.version = segment_version(header_batch)
         self._pending_first_lsn = self.next_lsn = first_lsn
         self._pending = [header_batch]
         self._put()
