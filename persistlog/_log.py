@@ -50,6 +50,7 @@ from destinations import Destination, LockHeld, WriterLock, destination_url, ope
 
 from . import _encoder, _exit
 from . import _format as F
+from ._chain import Chain
 from ._codec import Codec, check_depth, encode_error, records_list
 from ._errors import DestinationError, HandedOver, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
@@ -193,6 +194,7 @@ class Log:
         secondary_close_wait: float | None = None,
         handover: bool = False,
         on_handover: Callable[[], Any] | None = None,
+        chain_head: bytes | None = None,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
@@ -203,9 +205,12 @@ class Log:
         without an enumeration. ``close()`` waits up to ``secondary_close_wait`` seconds
         (default: ``lease_ttl`` plus :data:`ATTACH_WAIT`) for a secondary to answer. With
         ``handover`` the Log hands itself over when another process asks (``on_handover``
-        called first). On failure everything is let go (the lock too) and the error is raised.
+        called first). ``chain_head`` is where the hash chain of log ``last_seq`` ends
+        (None: the logs written are not chained). On failure everything is let go (the lock
+        too) and the error is raised.
         """
         self.dest = dest
+        self._chain = Chain(chain_head)
         self.settings = settings
         self.codec = codec
         self.metadata = metadata
@@ -935,7 +940,9 @@ class Log:
         payload, snaps, first, end = taking
         data = self._taking_batch
         if data is None:
-            data = _encoder.record_batch(payload, end - first, snaps, first, now_us(), self.settings.compression)
+            data = _encoder.record_batch(
+                payload, end - first, snaps, first, now_us(), self.settings.compression, self._chain.head
+            )
             self._taking_batch = data
         try:
             self._append(data, first, end, flush)
@@ -961,6 +968,7 @@ class Log:
                 sw.flush()
 
         self._guarded(write)
+        self._chain.advance(data)
         self._written_lsn = end
         c = self._counts
         c["batches"] += 1
@@ -979,7 +987,7 @@ class Log:
         """Write a control batch at the current position. Holds ``_io_lock``."""
         self._write_pending(flush=False)
         pos = self._written_lsn
-        self._append(_encoder.control_batch([record], pos, now_us()), pos, pos)
+        self._append(_encoder.control_batch([record], pos, now_us(), self._chain.head), pos, pos)
         self._rotator.check_triggers()
 
     def _sync_primary(self) -> None:
@@ -1028,7 +1036,7 @@ class Log:
             first = self._written_lsn
             header = {
                 "t": F.CONTROL_HEADER,
-                "v": F.FORMAT_VERSION,
+                "v": F.FORMAT_VERSION if self._chain.head is None else F.CHAINED_VERSION,
                 "seq": seq,
                 "first_lsn": first,
                 "writer": self.writer_id,
@@ -1036,7 +1044,8 @@ class Log:
                 "metadata": self.metadata,
             }
             sw = segment_writer(self.dest, seq, self.settings.segment_bytes)
-            batch = _encoder.control_batch([header], first, now_us())
+            old_head = self._chain.head
+            batch = _encoder.control_batch([header], first, now_us(), old_head)
             try:
                 sw.start(first, batch)
             except FileExistsError as e:
@@ -1047,9 +1056,10 @@ class Log:
                 raise LogFailedError(f"creating log {seq} at {self.dest.url} failed: {e}") from e
             self._sw = sw
             self._seq = seq
+            self._chain.advance(batch)
             self._log_update_records = 0
             if old is not None:
-                self._seal(old, first)
+                self._seal(old, first, old_head)
             self._complete_lsn = None
             for secondary in self._secondaries:
                 if old is not None:
@@ -1057,9 +1067,11 @@ class Log:
                 secondary.start(seq, first, batch)
             return sw
 
-    def _seal(self, sw: SegmentWriter, next_lsn: int) -> None:
+    def _seal(self, sw: SegmentWriter, next_lsn: int, chain: bytes | None = None) -> None:
+        """Seal ``sw``'s log, whose chain ends at ``chain`` (None: the chain head now)."""
         complete_lsn = self._complete_lsn
-        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn)))
+        head = self._chain.head if chain is None else chain
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn, head)))
 
     @property
     def _current_writer(self) -> SegmentWriter | None:
