@@ -21,7 +21,7 @@ from ._codec import Codec, check_depth
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._log import Log, LogSettings, destination_at, release_writer_lock
-from ._reader import end_after_seal, list_logs, log_header, newest_seal, read_pointer
+from ._reader import chain_end, end_after_seal, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._retention import Retention
 from ._rotation import EnumerateAll
@@ -66,6 +66,7 @@ class StoreOptions(TypedDict, total=False):
     handover: bool
     handover_timeout: float
     on_handover: Callable[[], Any] | None
+    hash_chain: bool
 
 
 class OpenOptions(StoreOptions, total=False):
@@ -198,6 +199,7 @@ def open(
     handover: bool = False,
     handover_timeout: float = HANDOVER_TIMEOUT,
     on_handover: Callable[[], Any] | None = None,
+    hash_chain: bool = True,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -273,6 +275,10 @@ def open(
     Its calls raise :class:`HandedOver` from then on, once the log is sealed: every update
     it acknowledged before is in the log the new writer restores, so the process may end
     as soon as it is told. A writer opened without ``handover=True`` ignores requests.
+
+    ``hash_chain`` (default True) writes format version 2: every batch carries the SHA-256
+    of the batch before it, across segments and logs, and each seal names the chain head
+    (docs/SECURITY.md says what that proves); ``hash_chain=False`` writes version 1.
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -317,6 +323,8 @@ def open(
         raise ValueError(f"secondary_close_wait must be a number of seconds >= 0 or None, not {secondary_close_wait!r}")
     if not isinstance(handover, bool):
         raise TypeError(f"handover must be True or False, not {handover!r}")
+    if not isinstance(hash_chain, bool):
+        raise TypeError(f"hash_chain must be True or False, not {hash_chain!r}")
     if not isinstance(handover_timeout, (int, float)) or isinstance(handover_timeout, bool) or handover_timeout <= 0:
         raise ValueError(f"handover_timeout must be a positive number of seconds, not {handover_timeout!r}")
     if on_handover is not None and not callable(on_handover):
@@ -344,6 +352,7 @@ def open(
             pointer = read_pointer(dest)
             seal = newest_seal(dest, logs)
             last_seq, next_lsn = end_after_seal(dest, logs, seal)
+            chain_head = chain_end(dest, logs, seal) if hash_chain else None
             after_snapshot = (
                 not discard_existing and not secondaries
                 and _fresh_snapshot(dest, logs, pointer, seal, restored, metadata)
@@ -392,6 +401,7 @@ def open(
         secondary_close_wait=None if secondary_close_wait is None else float(secondary_close_wait),
         handover=handover,
         on_handover=on_handover,
+        chain_head=chain_head,
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg

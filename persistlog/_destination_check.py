@@ -88,7 +88,8 @@ def inspect_destination(
                 )
             )
             expect = None  # the gap is the finding; do not report the LSN jump twice
-        reader = LogCheck(dest, seq, segments, expect, check_records, on_batch)
+        link = previous.chain_head if previous is not None and expect == previous.next_lsn else None
+        reader = LogCheck(dest, seq, segments, expect, check_records, on_batch, link)
         info = reader.read()
         if declared:
             info.problems.insert(0, Problem(

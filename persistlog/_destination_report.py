@@ -121,6 +121,8 @@ class LogInfo:
     #: The file vanished while it was read (retention by a live writer): not damage.
     vanished: bool = False
     problems: list[Problem] = field(default_factory=list)
+    #: Where the log's hash chain ends (None: the log is not chained, format version 1).
+    chain_head: bytes | None = None
 
     @property
     def bytes(self) -> int:
@@ -161,6 +163,7 @@ class LogInfo:
             "format_version": self.version,
             "writer": self.writer,
             "fenced_by": self.fenced_by,
+            "chain_head": None if self.chain_head is None else self.chain_head.hex(),
             "created_us": self.created_us,
             "vanished": self.vanished,
             "problems": [p.to_dict() for p in self.problems],

@@ -26,7 +26,8 @@ class LogCheck:
     """Scans one log in skip mode, turning what the scanner records into problems located
     precisely enough to cut at.
 
-    ``expect_first_lsn`` is the LSN the log before it ended at (None: not chained to it);
+    ``expect_first_lsn`` is the LSN the log before it ended at (None: not chained to it),
+    ``expect_link`` the chain head it ended at (None: not known or not chained);
     ``on_batch(segment index, bytes of this log read)`` is called after every batch.
     After :meth:`read`, ``records_checked`` counts the app records decoded.
     """
@@ -39,8 +40,10 @@ class LogCheck:
         expect_first_lsn: int | None,
         check_records: bool,
         on_batch: Callable[[int, int], None] | None,
+        expect_link: bytes | None = None,
     ) -> None:
         self.dest = dest
+        self.expect_link = expect_link
         self.seq = seq
         self.segments = segments
         self.expect = expect_first_lsn
@@ -65,7 +68,8 @@ class LogCheck:
         for index, seg in enumerate(sizes):
             before[seg.number] = (index, total)
             total += seg.bytes
-        scanner = LogScanner(self.dest, self.seq, self.segments, recovery="skip", expect_first_lsn=self.expect)
+        scanner = LogScanner(self.dest, self.seq, self.segments, recovery="skip", expect_first_lsn=self.expect,
+                             expect_link=self.expect_link)
         st = scanner.state
         seen = 0
         # App records of the intact batches read so far, the LSN due after the last of
@@ -133,6 +137,7 @@ class LogCheck:
         info.last_commit_us = st.last_commit_us
         info.complete = st.complete
         info.sealed = st.sealed
+        info.chain_head = st.chain_head if st.chained else None
         if st.torn is not None:
             t = st.torn
             info.problems.append(

@@ -139,6 +139,7 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
     logs = view.logs
     seqs = [s for s in view.seqs if s >= place.log]
     expect: int | None = None
+    link: bytes | None = None
     for i, seq in enumerate(seqs):
         if i and seq != seqs[i - 1] + 1:
             if declares_gap(dest, logs[seq]):
@@ -146,7 +147,7 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
             raise CorruptLogError(f"log {seqs[i - 1] + 1} is missing between logs {seqs[i - 1]} and {seq}",
                                   destination=dest.url, log=seqs[i - 1] + 1)
         scanner = LogScanner(
-            dest, seq, logs[seq], expect_first_lsn=expect,
+            dest, seq, logs[seq], expect_first_lsn=expect, expect_link=link,
             start=place.scan_start if i == 0 else None,
             # The newest log may be written as we read: a batch cut short there is not yet.
             tail_ok=dest.appendable and i == len(seqs) - 1,
@@ -179,6 +180,7 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
         if st.after_gap:
             return
         expect = st.next_lsn
+        link = st.chain_head if st.chained else None
 
 
 __all__ = ["LoggedRecord", "Position", "read"]

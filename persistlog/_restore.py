@@ -267,6 +267,7 @@ def scan_from(
     assert p.start is not None
     seqs = [s for s in sorted(p.logs) if s >= p.start]
     expect: int | None = None
+    link: bytes | None = None
     for i, seq in enumerate(seqs):
         if not i and not p.complete and declares_gap(dest, p.logs[seq]):
             # No complete log, and the oldest one continues nothing held here: none of it
@@ -283,7 +284,7 @@ def scan_from(
                 log=seqs[i - 1] + 1,
             )
         scanner = LogScanner(
-            dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect,
+            dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect, expect_link=link,
             tail_ok=tail_ok and i == len(seqs) - 1,
         )
         for batch in scanner:
@@ -302,7 +303,10 @@ def scan_from(
             raise CorruptLogError("log has no header record", destination=dest.url, log=seq,
                                   segment=p.logs[seq][0][1], offset=0)
         expect = st.next_lsn
-        expect = _check_end(dest, p, st, seqs[i + 1] if i + 1 < len(seqs) else None, recovery) or expect
+        link = st.chain_head if st.chained and not st.skipped else None
+        cut = _check_end(dest, p, st, seqs[i + 1] if i + 1 < len(seqs) else None, recovery)
+        if cut is not None:
+            expect, link = cut, None
 
 
 def _stop_at_gap(dest: Destination, p: ReplayPlan, rest: list[int]) -> None:

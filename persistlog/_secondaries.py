@@ -40,6 +40,7 @@ from destinations import Destination, LockHeld, WriterLock
 
 from . import _encoder
 from . import _format as F
+from ._chain import head_after, link_of
 from ._errors import WriterConflict
 from ._reader import end_of_logs, header_record, list_logs
 from ._restore import reach
@@ -108,6 +109,8 @@ class Secondary:
         self._lock: WriterLock | None = None
         self._sw: SegmentWriter | None = None
         self._next_lsn = 0
+        # The chain head of the log written here (None: not chained): what its seal names.
+        self._head: bytes | None = None
         self._complete_lsn: int | None = None  # the current log's, for its seal
         # (seq, next LSN) of the newest log at the destination when known for sure: a new
         # log continues it only if it is the next seq starting at that LSN.
@@ -469,6 +472,7 @@ class Secondary:
             started = segment_writer(self.dest, seq, self.segment_bytes)
             started.start(first, header_batch)
             self._sw = started
+            self._head = head_after(header_batch)
             self._next_lsn = first
             self._complete_lsn = None
             self._end = (seq, first)
@@ -484,6 +488,7 @@ class Secondary:
         if kind == "batch":
             _, _, data, first, end = event
             sw.append(data, first, end)
+            self._head = head_after(data)
             self._next_lsn = end
             self._end = (sw.seq, end)
             self.batches += 1
@@ -515,13 +520,13 @@ class Secondary:
         assert header is not None, "the writer's first batch is its log header"
         log.info("secondary %s: log %d follows a gap (the logs here end at %s)", self.dest.url,
                  header["seq"], self._end)
-        return _encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us())
+        return _encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us(), link_of(header_batch))
 
     def _seal(self) -> None:
         sw = self._sw
         if sw is None:
             return
-        sw.seal(seal_batch(self._next_lsn, self._complete_lsn))
+        sw.seal(seal_batch(self._next_lsn, self._complete_lsn, self._head))
         sw.confirm()  # no other writer took this secondary over and deleted the log meanwhile
         self._written()
         self._sw = None

@@ -16,13 +16,12 @@ from cli_logs import KV, batches, cli, tear_newest, tree_digest
 from kv_app import restore_state
 
 
-def cut_end(logdir: str, seq: int, nbytes: int = 100) -> str:
-    """Cut ``nbytes`` off the end of log ``seq``'s last segment (its trailer, its seal and
-    part of its last batch); returns that segment's name."""
-    name = sorted(n for n in os.listdir(logdir) if n.startswith(f"{seq:020d}-"))[-1]
-    path = os.path.join(logdir, name)
-    os.truncate(path, os.path.getsize(path) - nbytes)
-    return name
+def cut_end(logdir: str, seq: int, into_last: int = 20) -> str:
+    """Cut the end of log ``seq``'s last segment off: its trailer, its seal and the last
+    ``into_last`` bytes of its last batch; returns that segment's name."""
+    seal = next(b for b in batches(logdir) if b.log == seq and b.control == "seal")
+    os.truncate(os.path.join(logdir, seal.segment), seal.offset - into_last)
+    return seal.segment
 
 
 def test_a_sealed_log_cut_short_before_the_next_is_damage_not_a_torn_tail(logdir: str, expected: dict[str, object]) -> None:

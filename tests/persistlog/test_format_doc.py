@@ -96,7 +96,8 @@ def test_flags() -> None:
     assert "0 none, 1 zlib stream" in flags and "2 zstd frame" in flags
     assert (F.COMPRESSION_NONE, F.COMPRESSION_GZIP, F.COMPRESSION_ZSTD) == (0, 1 << 2, 2 << 2)
     assert F.COMPRESSION_MASK == 0b1100 and "| 2-3   | compression" in flags
-    assert "| 4-15  | reserved" in flags and F.KNOWN_FLAGS == 0x000F
+    assert "| 5-15  | reserved" in flags and F.KNOWN_FLAGS == 0x001F
+    assert "| 4     | link" in flags and F.FLAG_LINKED == 1 << 4
 
 
 def test_limits() -> None:
@@ -152,7 +153,9 @@ def test_a_consumer_position_is_what_the_table_says() -> None:
 
 def test_version_and_first_numbers() -> None:
     assert f"format version, u16 = {F.FORMAT_VERSION}" in section("Segment header")
-    assert f"# persistlog format, version {F.FORMAT_VERSION}" in DOC
+    assert f"# persistlog format, versions {F.FORMAT_VERSION} and {F.CHAINED_VERSION}" in DOC
+    assert f"or {F.CHAINED_VERSION} in a chained log" in section("Segment header")
+    assert F.SEGMENT_VERSIONS == (1, 2) and F.LINK_SIZE == 32
     assert F.FIRST_LSN == 1 and "LSNs start at 1" in DOC
     assert F.FIRST_SEQ == 1 and "Seqs start at 1" in DOC
 

@@ -188,7 +188,7 @@ def test_every_bit_flip_of_a_sealed_log_is_corruption(tmp_path: Any) -> None:
     lg.close()
     [seg] = segment_files(url)
     data = read(seg)
-    assert len(data) < 600, len(data)  # keep this test fast
+    assert len(data) < 800, len(data)  # keep this test fast
     current = os.path.join(url, "CURRENT")
     pointer = read(current)
     assert restore_state(url)[0] == app.data
@@ -418,7 +418,8 @@ def test_records_that_do_not_decode_are_corruption_not_an_internal_error(log_dir
     """A batch whose checksums hold but whose records cannot be decoded (here: text that is
     not UTF-8, framed again with good CRCs) raises CorruptLogError naming where, or is
     skipped and listed."""
-    lg = persistlog.open(log_dir, lambda emit: None, durability="fsync")
+    # Unchained (format 1): in a chained log the re-framed batch also breaks the next link.
+    lg = persistlog.open(log_dir, lambda emit: None, durability="fsync", hash_chain=False)
     lg.update({"op": "put", "key": "ok", "value": 1})
     lg.update({"op": "put", "key": "bad", "value": "ZZZZ"})
     lg.update({"op": "put", "key": "after", "value": 2})
