@@ -67,6 +67,8 @@ class Batch:
     header: BatchHeader
     raw: bytes
     controls: list[dict[str, Any]] | None = None
+    #: The hash link the batch carries (format version 2), None in a version 1 log.
+    link: bytes | None = None
 
     @property
     def first_lsn(self) -> int:
@@ -633,7 +635,7 @@ class LogScanner:
             st.next_lsn = next_lsn
             if header.linked or st.chained:
                 self._check_link(header, head_bytes, stored, controls, name, pos)
-            batch = Batch(self.seq, number, pos, header, raw, controls)
+            batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
             else:
