@@ -47,15 +47,18 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def seal_batch(next_lsn: int, complete_lsn: int | None = None, chain: bytes | None = None) -> bytes:
+def seal_batch(next_lsn: int, complete_lsn: int | None = None, chain: bytes | None = None,
+               signed: dict[str, Any] | None = None) -> bytes:
     """The control batch that ends a log whose successor starts at ``next_lsn``;
     ``complete_lsn`` is where its ``complete`` record stands, if it has one; ``chain`` the
-    log's chain head (None: the log is not chained)."""
+    log's chain head (None: the log is not chained); ``signed`` a signature of that head."""
     seal: dict[str, Any] = {"t": F.CONTROL_SEAL, "next_lsn": next_lsn}
     if complete_lsn is not None:
         seal[F.SEAL_COMPLETE_LSN] = complete_lsn
     if chain is not None:
         seal[F.SEAL_CHAIN] = chain
+    if signed:
+        seal.update(signed)
     return _encoder.control_batch([seal], next_lsn, now_us(), chain)
 
 
