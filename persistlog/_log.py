@@ -60,6 +60,7 @@ from ._retention import Retention
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._runtime import runtime, weak_method
 from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
+from ._signing import Checkpoints
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 
 log = logging.getLogger("persistlog")
@@ -195,6 +196,7 @@ class Log:
         handover: bool = False,
         on_handover: Callable[[], Any] | None = None,
         chain_head: bytes | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         """Open the log: start its threads and secondaries, write its first complete log.
 
@@ -206,11 +208,12 @@ class Log:
         (default: ``lease_ttl`` plus :data:`ATTACH_WAIT`) for a secondary to answer. With
         ``handover`` the Log hands itself over when another process asks (``on_handover``
         called first). ``chain_head`` is where the hash chain of log ``last_seq`` ends
-        (None: the logs written are not chained). On failure everything is let go (the lock
-        too) and the error is raised.
+        (None: the logs written are not chained); ``checkpoints`` signs it. On failure
+        everything is let go (the lock too) and the error is raised.
         """
         self.dest = dest
         self._chain = Chain(chain_head)
+        self._checkpoints = checkpoints or Checkpoints(None, 0.0)
         self.settings = settings
         self.codec = codec
         self.metadata = metadata
@@ -977,6 +980,9 @@ class Log:
             secondary.batch(data, first, end)
         if not flush or isinstance(sw, ObjectSegments):
             self._arm_flush()  # bytes the writer may still hold go out at the next flush
+        checkpoint = self._checkpoints.due(self._seq, end, self._chain.head)
+        if checkpoint is not None:
+            self._append(checkpoint, end, end, flush)
 
     def _flush_writer(self) -> None:
         """Hand the current segment writer's buffered bytes to storage. Holds ``_io_lock``."""
@@ -1071,7 +1077,8 @@ class Log:
         """Seal ``sw``'s log, whose chain ends at ``chain`` (None: the chain head now)."""
         complete_lsn = self._complete_lsn
         head = self._chain.head if chain is None else chain
-        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn, head)))
+        signed = self._checkpoints.seal_fields(sw.seq, next_lsn, head)
+        self._guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn, head, signed)))
 
     @property
     def _current_writer(self) -> SegmentWriter | None:
