@@ -89,6 +89,7 @@ def write_throughput(cfg: Config, s: Scratch) -> list[Figure]:
         {
             "naive": baseline(baselines.naive_write, "naive.bin"),
             "update": lambda: _persistlog_run(s.fresh("log-update"), updates),
+            "update_unchained": lambda: _persistlog_run(s.fresh("log-update-unchained"), updates, hash_chain=False),
             "update_many": lambda: _persistlog_run(s.fresh("log-many"), many),
             "sqlite": baseline(baselines.sqlite_write, "kv.sqlite"),
             "jsonl": baseline(baselines.jsonl_write, "kv.jsonl"),
@@ -100,6 +101,8 @@ def write_throughput(cfg: Config, s: Scratch) -> list[Figure]:
     return [
         vs_baseline("update() buffered, 1 thread", AREA, rate["update"], rate["naive"], "naive loop", "rec/s", 1.0, raw),
         vs_baseline(f"update_many() x{MANY_BATCH}", AREA, rate["update_many"], rate["naive"], "naive loop", "rec/s", 1.5),
+        vs_baseline("update() with the hash chain", AREA, rate["update"], rate["update_unchained"],
+                    "hash_chain=False", "rec/s", 0.95),
         info("sqlite3 executemany write (WAL)", AREA, rate["sqlite"], "rec/s", rate["naive"], "naive loop"),
         info("JSON lines write", AREA, rate["jsonl"], "rec/s", rate["naive"], "naive loop"),
     ]
@@ -179,10 +182,12 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     records = small_records(cfg.records)
     n = len(records)
     url = s.fresh("log-restore")
-    lg = persistlog.open(url, no_enumeration)
-    for b in chunks(records, MANY_BATCH):
-        lg.update_many(b)
-    lg.close()
+    unchained = s.fresh("log-restore-unchained")
+    for where, chain in ((url, True), (unchained, False)):
+        lg = persistlog.open(where, no_enumeration, hash_chain=chain)
+        for b in chunks(records, MANY_BATCH):
+            lg.update_many(b)
+        lg.close()
     baselines.sqlite_write(records, s.fresh("restore.sqlite"))
     baselines.sqlite_write_records(records, s.fresh("restore-records.sqlite"))
     baselines.jsonl_write(records, s.fresh("restore.jsonl"))
@@ -195,6 +200,14 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
             state[r["key"]] = r["value"]
 
         return _restore_seconds(url, n, replay=replay)
+
+    def by_record_unchained() -> float:
+        state: dict[Any, Any] = {}
+
+        def replay(r: Any) -> None:
+            state[r["key"]] = r["value"]
+
+        return _restore_seconds(unchained, n, replay=replay)
 
     def by_batch() -> float:
         state: dict[Any, Any] = {}
@@ -209,6 +222,7 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     times = interleaved(
         {
             "replay": by_record,
+            "replay_unchained": by_record_unchained,
             "replay_batch": by_batch,
             "sqlite": lambda: timed(lambda: baselines.sqlite_read_records(s.path("restore-records.sqlite"))),
             "sqlite_kv": lambda: timed(lambda: baselines.sqlite_read(s.path("restore.sqlite"))),
@@ -221,6 +235,8 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     return [
         at_least("restore replay= into a dict", AREA, rate["replay"], 1e6, "rec/s", raw),
         vs_baseline("restore replay= vs sqlite3", AREA, rate["replay"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
+        vs_baseline("restore replay= with the hash chain", AREA, rate["replay"], rate["replay_unchained"],
+                    "hash_chain=False", "rec/s", 0.95),
         at_least("restore replay_batch= into a dict", AREA, rate["replay_batch"], 1e6, "rec/s"),
         vs_baseline("restore replay_batch= vs sqlite3", AREA, rate["replay_batch"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
         info("restore replay= vs sqlite3 key/value columns", AREA, rate["replay"], "rec/s",

@@ -27,6 +27,7 @@ from ._retention import Retention
 from ._rotation import EnumerateAll
 from ._seek import lsn_at_time, utc_micros
 from ._segment_writer import fence_newest_log
+from ._signing import SIGN_INTERVAL, Checkpoints, Signer
 
 log = logging.getLogger("persistlog")
 
@@ -67,6 +68,8 @@ class StoreOptions(TypedDict, total=False):
     handover_timeout: float
     on_handover: Callable[[], Any] | None
     hash_chain: bool
+    signing_key: Any
+    sign_interval: float
 
 
 class OpenOptions(StoreOptions, total=False):
@@ -200,6 +203,8 @@ def open(
     handover_timeout: float = HANDOVER_TIMEOUT,
     on_handover: Callable[[], Any] | None = None,
     hash_chain: bool = True,
+    signing_key: Any = None,
+    sign_interval: float = SIGN_INTERVAL,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -279,6 +284,11 @@ def open(
     ``hash_chain`` (default True) writes format version 2: every batch carries the SHA-256
     of the batch before it, across segments and logs, and each seal names the chain head
     (docs/SECURITY.md says what that proves); ``hash_chain=False`` writes version 1.
+    ``signing_key`` (an Ed25519 private key from the ``cryptography`` package, PEM bytes
+    of one, or the path of a PEM file; ``pip install 'persistlog[audit]'``) signs the
+    chain head in every seal and in a checkpoint written with the first batch
+    ``sign_interval`` seconds or more after the last one, so that ``persistlog verify
+    --public-key`` can prove the history up to the newest signed head unchanged.
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -325,6 +335,13 @@ def open(
         raise TypeError(f"handover must be True or False, not {handover!r}")
     if not isinstance(hash_chain, bool):
         raise TypeError(f"hash_chain must be True or False, not {hash_chain!r}")
+    if not isinstance(sign_interval, (int, float)) or isinstance(sign_interval, bool) or sign_interval <= 0:
+        raise ValueError(f"sign_interval must be a positive number of seconds, not {sign_interval!r}")
+    signer = None
+    if signing_key is not None:
+        if not hash_chain:
+            raise ValueError("signing_key signs the hash chain: it needs hash_chain=True")
+        signer = Signer(signing_key)
     if not isinstance(handover_timeout, (int, float)) or isinstance(handover_timeout, bool) or handover_timeout <= 0:
         raise ValueError(f"handover_timeout must be a positive number of seconds, not {handover_timeout!r}")
     if on_handover is not None and not callable(on_handover):
@@ -402,6 +419,7 @@ def open(
         handover=handover,
         on_handover=on_handover,
         chain_head=chain_head,
+        checkpoints=Checkpoints(signer, float(sign_interval)),
     )
     log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg

@@ -91,6 +91,7 @@ def inspect_destination(
         link = previous.chain_head if previous is not None and expect == previous.next_lsn else None
         reader = LogCheck(dest, seq, segments, expect, check_records, on_batch, link)
         info = reader.read()
+        info.continues = previous is not None and not declared and not after_oldest
         if declared:
             info.problems.insert(0, Problem(
                 WARNING, f"log {seq} follows a gap its writer left here (a secondary detached or behind when "

@@ -88,6 +88,27 @@ class Problem:
 
 
 @dataclass
+class SignedHead:
+    """A signed record found in a log: a ``checkpoint``, or a seal with a signature.
+
+    ``lsn`` is the LSN due where it stands and ``head`` the chain head it signs, both
+    checked against the links by the reader; ``record`` holds the key id and signature."""
+
+    log: int
+    segment: str
+    offset: int
+    kind: str
+    lsn: int
+    head: bytes
+    record: dict[str, Any]
+
+    @property
+    def position(self) -> Position:
+        parsed = F.parse_segment_name(self.segment)
+        return (self.log, parsed[1] if parsed is not None else -1, self.offset)
+
+
+@dataclass
 class SegmentInfo:
     number: int
     name: str
@@ -123,6 +144,14 @@ class LogInfo:
     problems: list[Problem] = field(default_factory=list)
     #: Where the log's hash chain ends (None: the log is not chained, format version 1).
     chain_head: bytes | None = None
+    #: The link of its first batch: the chain head of the log it follows (genesis: none).
+    first_link: bytes | None = None
+    #: Whether the log continues the one before it here, so that its first link must be
+    #: that log's head: False for the oldest log, after a declared gap, and after an oldest
+    #: log that retention may have been deleting (unsealed).
+    continues: bool = False
+    #: Its signed checkpoints and signed seal, in order.
+    signed: list[SignedHead] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:

@@ -87,6 +87,12 @@ def fence_segment(seq: int, segment: int, first_lsn: int, writer: str, commit_us
     return segment_header(seq, segment, first_lsn, version) + control_batch([record], first_lsn, commit_us, link)
 
 
+def checkpoint_message(seq: int, lsn: int, head: bytes) -> bytes:
+    """The bytes a signed checkpoint or seal signs: log ``seq``, the LSN due ``lsn`` there
+    and the chain head ``head``."""
+    return F.CHECKPOINT_DOMAIN + F.CHECKPOINT_POSITION.pack(seq, lsn) + head
+
+
 def seal_trailer(seal_offset: int) -> bytes:
     head = F.TRAILER.pack(F.TRAILER_MAGIC, seal_offset)
     return head + F.U32.pack(_crc32(head))

@@ -104,6 +104,12 @@ HEADER_AFTER_GAP = "after_gap"
 SEAL_COMPLETE_LSN = "complete_lsn"
 # Key of a seal record of a chained log: the chain head it ends at (32 bytes).
 SEAL_CHAIN = "chain"
+# A signed checkpoint: an Ed25519 signature over the chain head (docs/FORMAT.md). What it
+# signs: the domain, then the log seq and the LSN due (u64 each), then the 32-byte head.
+CONTROL_CHECKPOINT = "checkpoint"
+CHECKPOINT_DOMAIN = b"persistlog checkpoint v1\x00"
+CHECKPOINT_POSITION = struct.Struct("<QQ")
+SIGNATURE_SIZE = 64
 
 FIRST_LSN = 1
 FIRST_SEQ = 1

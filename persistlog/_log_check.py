@@ -18,7 +18,7 @@ from destinations import Destination
 from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage, parse_batch_header
-from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo
+from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
 from ._reader import LogScanner
 
 
@@ -138,6 +138,7 @@ class LogCheck:
         info.complete = st.complete
         info.sealed = st.sealed
         info.chain_head = st.chain_head if st.chained else None
+        info.first_link = st.first_link
         if st.torn is not None:
             t = st.torn
             info.problems.append(
@@ -190,6 +191,13 @@ class LogCheck:
                 info.snapshot_records = n if isinstance(n, int) else None
             elif t == F.CONTROL_SEAL:
                 info.seal_at = (segment, offset)
+                if "sig" in c and isinstance(c.get(F.SEAL_CHAIN), bytes) and isinstance(c.get("next_lsn"), int):
+                    info.signed.append(SignedHead(self.seq, _name(self.segments, segment), offset, "seal",
+                                                  c["next_lsn"], c[F.SEAL_CHAIN], c))
+            elif t == F.CONTROL_CHECKPOINT:
+                if isinstance(c.get("head"), bytes) and isinstance(c.get("lsn"), int):
+                    info.signed.append(SignedHead(self.seq, _name(self.segments, segment), offset, "checkpoint",
+                                                  c["lsn"], c["head"], c))
             elif t == F.CONTROL_FENCE:
                 writer = c.get("writer")
                 info.fenced_by = writer if isinstance(writer, str) else "an unnamed writer"

@@ -693,6 +693,11 @@ class LogScanner:
                     self._corrupt("the seal names another chain head than its link", name, pos)
             self._link = link
             return
+        for c in controls or ():
+            if c["t"] == F.CONTROL_CHECKPOINT and (
+                c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
+            ):
+                self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
         self._link = st.chain_head = batch_hash(head_bytes, stored)
         self._linked_from = (name, pos)
 

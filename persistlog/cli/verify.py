@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._audit import Audit, audit
 from .._destination_check import inspect_destination
-from .._destination_report import DestinationReport, Problem
+from .._destination_report import DestinationReport, Problem, SignedHead
 from .._errors import MissingDependencyError
+from .._signing import Verifier
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
 from ._options import open_log
 from .info import progress_callback, report_json
@@ -28,6 +30,7 @@ examples:
   persistlog verify /var/lib/app/state && echo clean
   persistlog verify s3://bucket/app -o profile=backup --json | jq '.problems[]'
   persistlog verify /var/lib/app/state --torn-ok     # only corruption fails
+  persistlog verify s3://bucket/app --public-key writer.pub   # prove it unchanged
 
 After a crash the newest log may end in a torn tail: restore drops it, and
 "persistlog repair URL" truncates it (keeping a copy) so that verify is clean again.
@@ -46,6 +49,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--torn-ok", action="store_true", help="exit 0 when the only damage is torn tails")
+    p.add_argument(
+        "--public-key", metavar="FILE",
+        help="Ed25519 public key (PEM, or 32 raw bytes) of the writer's signing_key: check every signed "
+        "checkpoint and prove the history up to the newest signed head unchanged",
+    )
     p.set_defaults(run=run)
 
 
@@ -55,6 +63,15 @@ def describe(p: Problem) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    verifier = None
+    if args.public_key is not None:
+        try:
+            with open(args.public_key, "rb") as f:
+                verifier = Verifier(f.read())
+        except MissingDependencyError as e:
+            return fail(args, str(e), EXIT_USAGE)
+        except (OSError, ValueError) as e:
+            return fail(args, f"cannot use {args.public_key} as a public key: {e}", EXIT_USAGE)
     dest = open_log(args)
     line = ProgressLine("verify")
     try:
@@ -67,13 +84,69 @@ def run(args: argparse.Namespace) -> int:
         line.done()
         dest.close()
     damaged = bool(report.corrupt) or (bool(report.torn) and not args.torn_ok)
+    checked = audit(report, verifier) if verifier is not None else None
+    if checked is not None and not checked.ok:
+        damaged = True
     if args.json:
         out = report_json(report)
+        if checked is not None:
+            out["signed"] = audit_json(checked)
         out["ok"] = not damaged
         print_json(out)
     else:
         print_verdict(report, damaged)
+        if checked is not None:
+            print_audit(checked)
     return EXIT_DAMAGED if damaged else EXIT_OK
+
+
+def _head(s: SignedHead) -> str:
+    return f"log {s.log} segment {s.segment} offset {s.offset} (the {s.kind} at LSN {s.lsn}, head {s.head.hex()[:16]})"
+
+
+def print_audit(a: Audit) -> None:
+    """What the signatures prove, after the verdict of the checks every reader makes."""
+    for p in a.problems:
+        print(describe(p))
+    if a.problems and a.proven is not None:
+        first = a.problems[0]
+        print(
+            f"BROKEN: {plural(len(a.problems), 'signed record')} do not verify, the first at {first.where()}: what "
+            f"they sign was changed (or another key signed them); the newest signed head that verifies is {_head(a.proven)}"
+        )
+        return
+    if a.proven is None:
+        print(f"UNPROVEN: no checkpoint signed with key {a.key_id} verifies ({plural(a.signed, 'signed record')} found)")
+        return
+    if a.breaks:
+        print(f"BROKEN: the history before the newest signed head, {_head(a.proven)}, was changed:")
+        for p in a.breaks:
+            print(f"  {p.where()}: {p.reason}")
+        return
+    start = f"from log {a.chain_from}" if a.chain_from is not None else "from its log's start"
+    verdict = "PROVEN" if a.ok else "PROVEN (but see the bad signatures above)"
+    print(
+        f"{verdict}: {plural(a.signed, 'signed record')} checked with key {a.key_id}; nothing {start} up to "
+        f"the newest signed head, {_head(a.proven)}, was edited, inserted, removed or cut"
+    )
+    if a.unsigned_lsns:
+        print(f"note: {plural(a.unsigned_lsns, 'record')} after it are not signed yet (the next checkpoint or seal signs them)")
+
+
+def audit_json(a: Audit) -> dict[str, Any]:
+    proven = a.proven
+    return {
+        "key_id": a.key_id,
+        "ok": a.ok,
+        "records": a.signed,
+        "proven": None if proven is None else {
+            "log": proven.log, "segment": proven.segment, "offset": proven.offset, "kind": proven.kind,
+            "lsn": proven.lsn, "head": proven.head.hex(), "chain_from": a.chain_from,
+        },
+        "breaks": [p.to_dict() for p in a.breaks],
+        "problems": [p.to_dict() for p in a.problems],
+        "unsigned_lsns": a.unsigned_lsns,
+    }
 
 
 def print_verdict(report: DestinationReport, damaged: bool) -> None:

@@ -44,9 +44,13 @@ class Batch:
         self.raw_len = len(self.body)
 
     def control_type(self) -> str | None:
+        """The ``t`` of its first control record (``"?"`` when that does not decode)."""
         if self.kind != F.KIND_CONTROL:
             return None
-        return str(self.controls()[0]["t"])
+        try:
+            return str(self.controls()[0]["t"])
+        except Exception:
+            return "?"
 
     def to_bytes(self) -> bytes:
         stored = (self.link or b"") + self.body
@@ -103,7 +107,8 @@ def load(path: str) -> list[Segment]:
 
 
 def relink(segments: list[Segment]) -> None:
-    """Recompute every link and seal ``chain`` in order, as the writer would have."""
+    """Recompute every link, seal ``chain`` and checkpoint ``head`` (and its ``seq`` and
+    ``lsn``) in order, as the writer would have: everything but the signatures."""
     head = _chain.GENESIS
     for seg in segments:
         for b in seg.batches:
@@ -114,6 +119,10 @@ def relink(segments: list[Segment]) -> None:
             if t == F.CONTROL_SEAL:
                 controls = b.controls()
                 controls[0][F.SEAL_CHAIN] = head
+                b.set_controls(controls)
+            elif t == F.CONTROL_CHECKPOINT:  # the head and position it names; not its signature
+                controls = b.controls()
+                controls[0].update(head=head, seq=seg.seq, lsn=b.first_lsn)
                 b.set_controls(controls)
             if t in (F.CONTROL_SEAL, F.CONTROL_FENCE):
                 continue
@@ -157,6 +166,8 @@ def renumber(segments: list[Segment]) -> None:
             t = b.control_type()
             if t is None:
                 lsn += b.count
+                continue
+            if t == "?":
                 continue
             controls = b.controls()
             c = controls[0]
