@@ -180,3 +180,20 @@ def renumber(segments: list[Segment]) -> None:
                 if F.SEAL_COMPLETE_LSN in c and complete is not None:
                     c[F.SEAL_COMPLETE_LSN] = complete
             b.set_controls(controls)
+
+
+def replace_log(segments: list[Segment], newer: int, older: int) -> list[Segment]:
+    """The segments with log ``newer``'s replaced by copies of log ``older``'s, renamed and
+    their seqs rewritten (segment headers, log header): an older log put in place of a
+    newer one. Renumber and relink afterwards as the attack goes."""
+    forged = []
+    for s in (s for s in segments if s.seq == older):
+        copy = parse(F.segment_name(newer, s.number), s.to_bytes())
+        copy.seq = newer
+        if s.number == 0:
+            controls = copy.batches[0].controls()
+            controls[0]["seq"] = newer
+            copy.batches[0].set_controls(controls)
+        forged.append(copy)
+    out = [s for s in segments if s.seq != newer] + forged
+    return sorted(out, key=lambda s: (s.seq, s.number))

@@ -21,6 +21,7 @@ import pytest
 import tamper
 from hypothesis import given
 from hypothesis import strategies as st
+from childproc import run_json
 from hypothesis_profiles import active_profile
 from kv_app import App
 
@@ -192,24 +193,65 @@ def test_truncate_after_a_signed_head(log_dir: str, public_key: str) -> None:
 
 def test_replay_an_older_log_in_place_of_a_newer_one(log_dir: str, public_key: str) -> None:
     write_signed(log_dir)
-    segments = tamper.load(log_dir)
-    old = [s for s in segments if s.seq == 1]
-    forged = []
-    for s in old:
-        copy = tamper.parse(F.segment_name(2, s.number), s.to_bytes())
-        copy.seq = 2
-        if s.number == 0:
-            controls = copy.batches[0].controls()
-            controls[0]["seq"] = 2
-            copy.batches[0].set_controls(controls)
-        forged.append(copy)
-    segments = old + forged + [s for s in segments if s.seq == 3]
+    segments = tamper.replace_log(tamper.load(log_dir), 2, 1)
     tamper.renumber(segments)
     tamper.save(log_dir, segments, relink_all=True)
     status, out, js = verify(log_dir, public_key)
     assert status == 1
     first = js["signed"]["problems"][0]
     assert first["log"] == 2 and first["segment"] == F.segment_name(2, 0) and "does not verify" in first["reason"]
+
+
+WITHOUT_CRYPTOGRAPHY = """
+    import json, sys
+    import persistlog
+    from persistlog.cli import main
+
+    out = {}
+    try:
+        persistlog.open(sys.argv[1], lambda emit: None, signing_key=sys.argv[3])
+    except Exception as e:
+        out["open"] = [type(e).__name__, str(e), getattr(e, "extra", None), isinstance(e, ImportError)]
+    out["verify"] = main(["verify", sys.argv[2], "--public-key", sys.argv[3]])
+    got = []
+    persistlog.restore(sys.argv[2], got.append)  # reading a signed log needs neither
+    out["restored"] = len(got)
+    print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_without_the_cryptography_package_signing_and_proving_say_what_to_install(
+    log_dir: str, public_key: str, tmp_path: Any
+) -> None:
+    write_signed(log_dir, logs=1, updates=2)
+    out = run_json(WITHOUT_CRYPTOGRAPHY, str(tmp_path / "new"), log_dir, public_key, hide=["cryptography"])
+    name, message, extra, import_error = out["open"]
+    assert name == "MissingDependencyError" and extra == "audit" and import_error
+    assert "pip install 'persistlog[audit]'" in message
+    assert out["verify"] == 2  # cannot check: neither clean nor damaged
+    assert out["restored"] == 3
+    assert not (tmp_path / "new").exists()
+
+
+def test_the_signing_key_shows_nowhere(log_dir: str, tmp_path: Any) -> None:
+    private = KEY.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                serialization.NoEncryption())
+    pem = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    secrets = [private.hex(), pem.decode().splitlines()[1], repr(private)]
+    lg = persistlog.open(log_dir, lambda emit: None, signing_key=pem, sign_interval=1e-9)
+    lg.update({"k": 1})
+    shown = [repr(lg), repr(lg._checkpoints), repr(lg._checkpoints.signer), str(lg.stats())]
+    lg.close()
+    shown += [cli("info", log_dir, "--json")[1], cli("dump", log_dir, "--control", "--json")[1]]
+    with pytest.raises(ValueError) as bad:
+        persistlog.open(str(tmp_path / "other"), lambda emit: None, signing_key=pem[:-40] + b"\n")
+    shown.append(str(bad.value))
+    for text in shown:
+        for secret in secrets:
+            assert secret not in text
+    assert Signer(KEY).key_id in shown[2]
 
 
 # -- fuzz: no accepted forgery ------------------------------------------------------------
@@ -287,5 +329,12 @@ def test_no_forgery_of_a_signed_log_is_accepted(
     stop = verdict.proven.lsn
     if start >= stop:
         return
-    got = [(r.lsn, r.record) for r in persistlog.read(url, start=start, stop=stop)]
+    got = []
+    try:
+        for r in persistlog.read(url, start=start, stop=stop):
+            got.append((r.lsn, r.record))
+    except persistlog.CorruptLogError as e:  # damage past the head (its trailer, say) is no forgery
+        assert e.log is not None and e.segment is not None and e.offset is not None
+        parsed = F.parse_segment_name(e.segment)
+        assert parsed is not None and (e.log, parsed[1], e.offset) >= verdict.proven.position, e
     assert got == [(lsn, r) for lsn, r in records if start <= lsn < stop]
