@@ -476,8 +476,9 @@ class LogScanner:
         self.segments = segments
         self.recovery = recovery
         self.expect_first_lsn = expect_first_lsn
-        # The chain head of the log before this one, which its first batch must link to
-        # (None: not known, or that log is not chained; the first link is taken as given).
+        # What the first batch read must link to: the chain head of the log before this
+        # one, or with ``start`` the hash of the batch before that position (None: not
+        # known, or not chained; the first link is taken as given).
         self.expect_link = expect_link
         self.start = start
         # The link the next batch must carry (None: taken as given), and where the batch
@@ -519,7 +520,6 @@ class LogScanner:
         self._link = self.expect_link
         if self.start is not None:
             next_lsn = self.start[2]
-            self._link = None
         last_index = len(self.segments) - 1
         for index, (number, name) in enumerate(self.segments):
             if self.start is not None and number < self.start[0]:

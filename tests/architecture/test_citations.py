@@ -120,4 +120,4 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
 
 
 def test_the_design_lists_its_invariants() -> None:
-    assert design_invariants(DESIGN.read_text()) == 7
+    assert design_invariants(DESIGN.read_text()) == 8

@@ -1,5 +1,6 @@
-"""The hash chain (format version 2, docs/FORMAT.md "Hash chain"): every batch links to the
-SHA-256 of the batch before it, across segments and logs, and every reader checks it.
+"""The hash chain (docs/DESIGN.md invariant 8; format version 2, docs/FORMAT.md "Hash
+chain"): every batch links to the SHA-256 of the batch before it, across segments and logs,
+and every reader checks it.
 
 The hostile cases edit the files as someone who can write the bucket would, with every
 CRC (and LSN) fixed (``tamper``): only the chain can tell. With every hash recomputed as

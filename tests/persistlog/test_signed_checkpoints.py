@@ -268,6 +268,8 @@ def signed_original(tmp_path_factory: Any) -> tuple[str, list[tuple[int, Any]]]:
 
 def mutate(segments: list[tamper.Segment], data: Any) -> None:
     everything = [(s, i) for s in segments for i in range(len(s.batches))]
+    if not everything:
+        return
     kind = data.draw(st.sampled_from(MUTATIONS))
     s, i = data.draw(st.sampled_from(everything))
     b = s.batches[i]
