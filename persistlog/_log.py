@@ -60,8 +60,8 @@ from ._retention import Retention
 from ._rotation import NEVER, EnumerateAll, Hold, Rotator
 from ._runtime import runtime, weak_method
 from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
-from ._signing import Checkpoints
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
+from ._signing import Checkpoints
 
 log = logging.getLogger("persistlog")
 
