@@ -39,6 +39,7 @@ from ._reader import (
     RESYNC_ATTEMPTS,
     Batch,
     LogScanner,
+    LogState,
     SegmentGone,
     declares_gap,
     outrun,
@@ -148,6 +149,10 @@ class Follower:
         self._loads = codec.loads
         self._recovery = recovery
         self._sealed = False
+        # Chain heads at the last positions read, (log, segment, offset) -> head: a scan
+        # that starts at one of them checks its first link against it, so the hash chain
+        # is checked across segments, logs and polls (a position not in it: taken as given).
+        self._heads: dict[tuple[int, int, int], bytes] = {}
         # Whether the cursor stands at the end of its segment as last seen. Object-store
         # segments never grow, so once read to the end only a listing is needed; a cursor
         # handed in (or left mid-segment by a stopped iteration) is checked with a size.
@@ -485,6 +490,7 @@ class Follower:
                     st = scanner.state
                     self._sealed = st.sealed
                     after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
+                    self._note_head(after, st)
                     if batch.is_control:
                         self._cursor = after
                     else:
@@ -583,6 +589,7 @@ class Follower:
             cur.log,
             [(cur.segment, name)],
             recovery=self._recovery,
+            expect_link=self._heads.get((cur.log, cur.segment, cur.offset)),
             start=(cur.segment, cur.offset, cur.next_lsn),
             tail_ok=not final and self.dest.appendable,
             more_segments=more_segments,
@@ -591,6 +598,7 @@ class Follower:
             st = scanner.state
             next_lsn = st.next_lsn if st.next_lsn is not None else cur.next_lsn
             after = Cursor(cur.log, cur.segment, batch.end, next_lsn)
+            self._note_head(after, st)
             if next_lsn - 1 > self._seen_lsn:
                 self._seen_lsn = next_lsn - 1
                 self._seen_commit_us = batch.header.commit_us
@@ -603,7 +611,20 @@ class Follower:
         st = scanner.state
         self._sealed = self._sealed or st.sealed
         self._cursor = Cursor(cur.log, st.position[0], st.position[1], st.next_lsn or cur.next_lsn)
+        self._note_head(self._cursor, st)
         self._at_end = True
+
+    def _note_head(self, at: Cursor, st: LogState) -> None:
+        """Remember the chain head at ``at`` (where a scan may start next), and at the
+        starts of the next segment and the next log, whose first batches link to it."""
+        if not st.chained or st.chain_head is None or st.skipped:
+            return
+        if len(self._heads) > 64:
+            self._heads.clear()
+        head = st.chain_head
+        self._heads[(at.log, at.segment, at.offset)] = head
+        self._heads[(at.log, at.segment + 1, 0)] = head
+        self._heads[(at.log + 1, 0, 0)] = head
 
 
 def follow(

@@ -194,3 +194,27 @@ def test_a_follower_and_a_read_from_a_position_check_the_chain(log_dir: str, tmp
     follower.stop()
     assert len(list(persistlog.read(pristine))) == 9
     assert persistlog.follow(pristine, lambda record: None).poll() == 9
+
+
+def test_a_follower_checks_the_links_between_its_polls(log_dir: str) -> None:
+    """Segments and logs written after a follower's last poll must continue the chain it
+    read: a log put in place of the one it was about to read is a break, even though each
+    scan starts where the last one ended."""
+    app = App({"seed": 0})
+    app.open(log_dir, durability="fsync", segment_bytes=4096, retain=10)
+    for i in range(4):
+        app.put(f"a{i}", "v" * 700)
+    follower = persistlog.follow(log_dir, lambda record: None)
+    assert follower.poll() == 5
+    app.log.rotate()  # type: ignore[union-attr]
+    for i in range(8):
+        app.put(f"b{i}", "v" * 700)  # across segments of log 2
+    app.log.close()  # type: ignore[union-attr]
+    pristine = tamper.load(log_dir)
+    segments = tamper.replace_log(pristine, 2, 1)  # log 2 becomes a copy of log 1
+    tamper.renumber(segments)
+    tamper.save(log_dir, segments, relink_all=False)
+    with pytest.raises(persistlog.CorruptLogError, match="hash chain broken") as info:
+        follower.poll()
+    assert (info.value.log, info.value.segment, info.value.offset) == (2, F.segment_name(2, 0), F.SEGMENT_HEADER_SIZE)
+    follower.stop()
