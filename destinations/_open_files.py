@@ -10,10 +10,30 @@ their segments cost at most ``limit`` descriptors (``PERSISTLOG_OPEN_FILES``, de
 Closing a descriptor loses nothing and reorders nothing: every ``write(2)`` through it has
 returned (a descriptor in use is never closed: each one has a lock, held across every call
 on it, and eviction only takes a lock that is free), and the next write reopens the file
-with ``O_APPEND``, so it lands after them. Durability holds too: a descriptor written since
-its last ``fdatasync`` is synced before it is closed, and a failure of that sync is kept and
-raised by the descriptor's next call, so no later ``sync()`` reports success over bytes the
+with ``O_APPEND``, so it lands after them.
+
+Durability holds too: no later ``sync()`` of a descriptor reports success over bytes the
 kernel dropped. A descriptor closed clean needs no sync: ``sync()`` of it does nothing.
+One written since its last ``fdatasync`` is closed in one of two ways:
+
+- **Deferred** (Linux 5.8 and later, where ``syncfs(2)`` reports every writeback error of
+  its file system since the descriptor it is called on last looked: the superblock's
+  ``errseq_t``): it is closed without a sync and owes one. Its next ``sync()`` waits for a
+  ``syncfs`` of its file system that *started after* it was closed, made through a
+  directory descriptor the cache opened on that file system before the file's first write
+  (one per file system, kept for the process's life). That call writes back every dirty
+  page of the file (open or not) and fails if any writeback of the file system failed
+  since the last such call, whichever file it was, and however long the inode has been
+  out of the inode cache (a reopened descriptor's ``fdatasync`` could miss an error whose
+  inode was evicted, or that another process's ``fsync`` saw first). One ``syncfs`` serves
+  every descriptor closed before it started, so a thousand owing descriptors cost one.
+  When one fails, every live descriptor of that file system fails (its next call raises
+  ``EIO``, chained): the error names no file, so none of them may report success.
+- **Synced** (elsewhere): ``fdatasync`` before the close, and a failure of that sync is
+  kept and raised by the descriptor's next call.
+
+Writing round robin to more files than the cache holds thus costs an ``open``/``close``
+per write, not an ``fdatasync``.
 
 Lock order: a descriptor's lock, then the cache's lock (held for dictionary updates only).
 Eviction takes other descriptors' locks without waiting (a busy one stays open, the bound
@@ -22,11 +42,14 @@ is then briefly exceeded), so two threads opening files never wait on each other
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
 import threading
+import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 
 logger = logging.getLogger("persistlog." + __name__)
 
@@ -36,21 +59,124 @@ DEFAULT_LIMIT = 256
 LIMIT_VARIABLE = "PERSISTLOG_OPEN_FILES"
 
 _OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+#: The first Linux release whose ``syncfs(2)`` reports writeback errors (commit 735e4ae5ba28).
+SYNCFS_REPORTS_ERRORS = (5, 8)
+
+
+def _linux_release() -> tuple[int, int] | None:
+    uname = os.uname()
+    if uname.sysname != "Linux":
+        return None
+    parts = uname.release.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return None
+
+
+def _libc_syncfs() -> Callable[[int], None] | None:
+    """``syncfs(2)`` raising ``OSError``, where it reports writeback errors; else None."""
+    release = _linux_release()
+    if release is None or release < SYNCFS_REPORTS_ERRORS:
+        return None
+    try:
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        if call(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}")
+
+    return syncfs
+
+
+_NOT_GIVEN: Callable[[int], None] = lambda fd: None  # noqa: E731
+
+
+class _FileSystem:
+    """One file system's ``syncfs`` gate: the calls made through one directory descriptor,
+    numbered as they start, one at a time, and the live descriptors an error fails."""
+
+    __slots__ = ("_fd", "_syncfs", "_mutex", "_started", "_synced", "_members")
+
+    def __init__(self, directory: str, syncfs: Callable[[int], None]) -> None:
+        self._fd = os.open(directory, _DIRECTORY_FLAGS)
+        self._syncfs = syncfs
+        self._mutex = threading.Lock()
+        self._started = 0  # syncfs calls started
+        self._synced = 0  # the number of the last one that succeeded
+        self._members: weakref.WeakSet[AppendDescriptor] = weakref.WeakSet()
+
+    @property
+    def started(self) -> int:
+        """Number of the last ``syncfs`` started: a file closed now needs a later one."""
+        return self._started
+
+    def join(self, d: AppendDescriptor) -> None:
+        self._members.add(d)
+
+    def leave(self, d: AppendDescriptor) -> None:
+        self._members.discard(d)
+
+    def synced_after(self, number: int) -> None:
+        """Return once a ``syncfs`` numbered above ``number`` succeeded (making one if
+        none has); its ``OSError`` fails every live descriptor of the file system."""
+        with self._mutex:
+            if self._synced > number:
+                return
+            self._started += 1
+            current = self._started
+            try:
+                self._syncfs(self._fd)
+            except OSError as e:
+                logger.warning("syncfs of the file system holding %d open log file(s) failed: %s", len(self._members), e)
+                for member in list(self._members):
+                    member.writeback_failed(e)
+                raise
+            self._synced = current
 
 
 class OpenFiles:
     """The least recently used append descriptors of the process, at most ``limit`` open."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, limit: int = DEFAULT_LIMIT, syncfs: Callable[[int], None] | None = _NOT_GIVEN) -> None:
+        """``syncfs``: the call that syncs a file system and reports its writeback errors
+        (``syncfs(2)`` where it does); None to sync each written descriptor before
+        closing it instead (the module docstring)."""
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"the open append file limit must be a positive integer, not {limit!r}")
         self._limit = limit
         self._mutex = threading.Lock()
         # Descriptors with an open fd, least recently used first.
         self._open: OrderedDict[AppendDescriptor, None] = OrderedDict()
+        self._syncfs = _libc_syncfs() if syncfs is _NOT_GIVEN else syncfs
+        self._file_systems: dict[int, _FileSystem] = {}
 
     def __repr__(self) -> str:
-        return f"OpenFiles(limit={self._limit}, open={len(self._open)})"
+        mode = "deferred" if self._syncfs is not None else "synced"
+        return f"OpenFiles(limit={self._limit}, open={len(self._open)}, eviction={mode})"
+
+    @property
+    def defers_syncs(self) -> bool:
+        """Whether a written descriptor is closed without a sync (module docstring)."""
+        return self._syncfs is not None
+
+    def file_system(self, fd: int, path: str) -> _FileSystem | None:
+        """The ``syncfs`` gate of the file system holding ``path`` (open as ``fd``), made
+        at its first file; None when syncs are not deferred."""
+        if self._syncfs is None:
+            return None
+        dev = os.fstat(fd).st_dev
+        with self._mutex:
+            fs = self._file_systems.get(dev)
+            if fs is None:
+                fs = self._file_systems[dev] = _FileSystem(os.path.dirname(os.path.abspath(path)), self._syncfs)
+            return fs
 
     @property
     def limit(self) -> int:
@@ -144,18 +270,25 @@ class AppendDescriptor:
     eviction's sync is raised (as ``EIO``, chained) by every later call.
     """
 
-    __slots__ = ("path", "_files", "_lock", "_fd", "_dirty", "_closed", "_error", "__weakref__")
+    __slots__ = ("path", "_files", "_lock", "_fd", "_dirty", "_owes", "_fs", "_closed", "_error", "__weakref__")
 
     def __init__(self, path: str, files: OpenFiles | None = None) -> None:
         self.path = path
         self._files = files or open_files()
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._dirty = False  # written since its last fdatasync
+        self._dirty = False  # written through the open descriptor since its last fdatasync
+        # Closed written and not synced: the number of the file system's last syncfs
+        # started then (a later one covers it).
+        self._owes: int | None = None
         self._closed = False
         self._error: OSError | None = None
+        self._fs: _FileSystem | None = None
         with self._lock:
-            self._descriptor()  # the file must exist now: FileNotFoundError otherwise
+            fd = self._descriptor()  # the file must exist now: FileNotFoundError otherwise
+            self._fs = self._files.file_system(fd, path)
+            if self._fs is not None:
+                self._fs.join(self)
 
     def __repr__(self) -> str:
         return f"AppendDescriptor({self.path!r}, open={self._fd is not None})"
@@ -194,13 +327,24 @@ class AppendDescriptor:
             return os.write(fd, data)
 
     def sync(self) -> None:
-        """``fdatasync`` what was written (nothing to do when evicted: eviction synced)."""
+        """Make what was written durable: ``fdatasync`` of the open descriptor, and for
+        what was written through descriptors closed without a sync, a ``syncfs`` of the
+        file system started after they closed (nothing to do when closed clean)."""
         with self._lock:
-            if self._fd is None and not self._closed and self._error is None:
+            if self._fd is None and self._owes is None and not self._closed and self._error is None:
                 return
-            fd = self._descriptor()
-            os.fdatasync(fd)
-            self._dirty = False
+            if self._fd is not None or self._closed or self._error is not None:
+                os.fdatasync(self._descriptor())
+                self._dirty = False
+            if self._owes is not None:
+                assert self._fs is not None
+                self._fs.synced_after(self._owes)
+                self._owes = None
+
+    def writeback_failed(self, error: OSError) -> None:
+        """A ``syncfs`` of this file's file system failed: every later call raises."""
+        if self._error is None:
+            self._error = error
 
     def truncate(self, size: int) -> None:
         with self._lock:
@@ -225,7 +369,10 @@ class AppendDescriptor:
             if fd is None:
                 return True
             try:
-                if self._dirty:
+                if self._dirty and self._fs is not None:
+                    self._owes = self._fs.started  # its next sync() needs a later syncfs
+                    self._dirty = False
+                elif self._dirty:
                     os.fdatasync(fd)
                     self._dirty = False
             except OSError as e:
@@ -241,6 +388,8 @@ class AppendDescriptor:
         """Close for good (no sync: closing promises nothing more); idempotent."""
         with self._lock:
             self._closed = True
+            if self._fs is not None:
+                self._fs.leave(self)
             fd, self._fd = self._fd, None
             if fd is not None:
                 self._files.forget(self)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from destinations._open_files import LIMIT_VARIABLE, AppendDescriptor, OpenFiles
+from destinations._open_files import LIMIT_VARIABLE, AppendDescriptor, OpenFiles, _libc_syncfs
 from tests.childproc import run_python
 
 
@@ -120,14 +120,15 @@ def test_a_clean_evicted_file_syncs_without_reopening(tmp_path: Path) -> None:
 
 
 def test_a_failed_sync_at_eviction_fails_the_next_call(tmp_path: Path) -> None:
-    """A descriptor written since its last sync is synced before the cache closes it; when
-    that sync fails (here a FIFO, where fdatasync is EINVAL), the next call raises instead
-    of a later sync reporting success over what the kernel may have dropped."""
+    """Where syncs are not deferred, a descriptor written since its last sync is synced
+    before the cache closes it; when that sync fails (here a FIFO, where fdatasync is
+    EINVAL), the next call raises instead of a later sync reporting success over what the
+    kernel may have dropped."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        files = OpenFiles(1)
+        files = OpenFiles(1, syncfs=None)
         d = AppendDescriptor(str(fifo), files)
         _write(d, b"unsynced")
         other = tmp_path / "other"
@@ -185,3 +186,97 @@ def test_many_logs_hold_at_most_the_limit_of_segment_descriptors_and_restore_exa
         got: list[object] = []
         persistlog.restore(str(tmp_path / f"log-{i}"), got.append)
         assert got == [{"log": i, "round": r} for r in range(3)]
+
+
+class _SyncfsCalls:
+    """The real ``syncfs(2)``, counted, failing the calls numbered in ``fail`` with EIO
+    (what a failed writeback anywhere on the file system makes it return)."""
+
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        real = _libc_syncfs()
+        if real is None:
+            pytest.skip("syncfs(2) does not report writeback errors here")
+        self._real = real
+        self._fail = fail
+        self.calls = 0
+
+    def __call__(self, fd: int) -> None:
+        self.calls += 1
+        self._real(fd)
+        if self.calls in self._fail:
+            raise OSError(errno.EIO, "syncfs: Input/output error")
+
+
+def _files(tmp_path: Path, n: int) -> list[Path]:
+    paths = [tmp_path / f"f{i}" for i in range(n)]
+    for p in paths:
+        p.write_bytes(b"")
+    return paths
+
+
+def test_round_robin_writes_close_descriptors_without_syncing_and_one_syncfs_serves_them_all(tmp_path: Path) -> None:
+    """Writing round robin over more files than the cache holds costs no sync at each
+    close; the next sync() of every file that was closed written is served by one
+    syncfs started after the close, and the bytes read back exactly."""
+    syncfs = _SyncfsCalls()
+    files = OpenFiles(2, syncfs)
+    assert files.defers_syncs
+    paths = _files(tmp_path, 6)
+    ds = [AppendDescriptor(str(p), files) for p in paths]
+    for round_ in range(3):
+        for i, d in enumerate(ds):
+            _write(d, f"{round_}.{i};".encode())
+    assert syncfs.calls == 0 and files.count <= 2
+    for d in ds:
+        d.sync()
+    assert syncfs.calls == 1  # the first sync's syncfs started after every close
+    for d in ds:
+        d.sync()  # nothing owed: no syncfs, an fdatasync at most
+    assert syncfs.calls == 1
+    _write(ds[0], b"late;")
+    for d in ds[1:]:
+        _write(d, b"x")  # closes ds[0] written, after the syncfs above
+    ds[0].sync()
+    assert syncfs.calls == 2  # an earlier syncfs does not cover a later close
+    for d in ds:
+        d.close()
+    for i, p in enumerate(paths):
+        tail = b"late;" if i == 0 else b"x"
+        assert p.read_bytes() == b"".join(f"{r}.{i};".encode() for r in range(3)) + tail
+
+
+def test_a_failed_writeback_is_reported_by_the_next_sync_of_every_file_closed_unsynced(tmp_path: Path) -> None:
+    """A syncfs that fails (a writeback of the file system failed, for a file it cannot
+    name) fails that sync() and every live descriptor of the file system: none of them
+    reports success afterwards, even the one whose later syncfs would succeed."""
+    syncfs = _SyncfsCalls(fail=(1,))
+    files = OpenFiles(1, syncfs)
+    a, b, c = (AppendDescriptor(str(p), files) for p in _files(tmp_path, 3))
+    _write(a, b"a")
+    _write(b, b"b")  # closes a without a sync
+    with pytest.raises(OSError) as info:
+        a.sync()
+    assert info.value.errno == errno.EIO and syncfs.calls == 1
+    for d in (a, b, c):  # b was open and written, c clean: the error names no file
+        with pytest.raises(OSError) as later:
+            d.sync()
+        assert later.value.errno == errno.EIO
+        with pytest.raises(OSError):
+            _write(d, b"more")
+    assert syncfs.calls == 1
+    for d in (a, b, c):
+        d.close()
+
+
+def test_the_synced_rule_still_syncs_each_written_descriptor_before_closing_it(tmp_path: Path) -> None:
+    """``syncfs=None`` (systems whose syncfs reports no writeback errors): no file owes a
+    sync after its close, so sync() of an evicted file does nothing."""
+    files = OpenFiles(1, syncfs=None)
+    assert not files.defers_syncs
+    a, b = (AppendDescriptor(str(p), files) for p in _files(tmp_path, 2))
+    _write(a, b"a")
+    _write(b, b"b")  # syncs a, then closes it
+    a.sync()
+    assert not a.is_open
+    a.close()
+    b.close()
