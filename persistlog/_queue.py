@@ -1,7 +1,8 @@
 """``Queue``: a durable FIFO of messages in one log, whose bodies stay on storage.
 
 Memory holds, per message, its id, its position (the LSN of the record holding its body),
-its expiry and its size: some 200 bytes, whatever the body's size. A body is read back
+its expiry, its size and when a delivery of it times out: some 150 bytes, whatever the
+body's size. A body is read back
 from the log when the message is delivered, and when a rotation copies the messages not
 yet acknowledged into the new log.
 
@@ -17,15 +18,20 @@ the queue. Delivery state is the process's own: a message received and not ackno
 before a crash or a restart is delivered again (at least once); an acknowledgement that
 returned is never undone (its record was written per the log's durability mode before
 ``ack`` returned).
+
+A delivered message not acknowledged within its visibility timeout is delivered again
+(before any message not delivered yet, the one whose timeout ran out first first); the
+timeouts are the process's own too.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
+import math
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,16 +81,18 @@ class Message:
 
 
 class _Entry:
-    """What memory holds of one message: its body is in the log at ``lsn``."""
+    """What memory holds of one message: its body is in the log at ``lsn``. ``visible_at``
+    is None until it is delivered, then when it may be delivered again (``inf``: not
+    before a restart)."""
 
-    __slots__ = ("id", "lsn", "expires_at", "size", "delivered")
+    __slots__ = ("id", "lsn", "expires_at", "size", "visible_at")
 
     def __init__(self, message_id: int, lsn: int, expires_at: float | None, size: int) -> None:
         self.id = message_id
         self.lsn = lsn
         self.expires_at = expires_at
         self.size = size
-        self.delivered = False
+        self.visible_at: float | None = None
 
 
 def _check_body(body: Any) -> bytes:
@@ -111,6 +119,18 @@ def _check_ttl(ttl: Any) -> float | None:
     return float(ttl)
 
 
+def _check_visibility(name: str, timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+        raise ValueError(f"{name} must be a finite number of seconds >= 0 or None, not {timeout!r}")
+    return float(timeout)
+
+
+#: Compact the list of messages not delivered yet once this many at its head are gone.
+_COMPACT_AT = 32
+
+
 class Queue:
     """A durable FIFO queue of ``bytes`` messages in one log: ``send``, ``receive``, ``ack``.
 
@@ -133,11 +153,23 @@ class Queue:
       expired; after a restart every message not acknowledged is delivered again, those
       received before it included (at least once);
     - a message whose ``ack`` returned is never delivered again;
+    - a message delivered and not acknowledged within its visibility timeout
+      (``visibility_timeout`` of the queue or of the ``receive``; None: no timeout) is
+      delivered again, before the messages not delivered yet (at least once: a slow
+      consumer's message may reach another consumer meanwhile, and an ``ack`` by id
+      still acknowledges it);
     - ``send`` raises :class:`QuotaExceeded` before writing anything when the queue would
       hold more than ``max_messages`` messages or ``max_bytes`` bytes of bodies;
     - a message sent with a ``ttl`` (or the queue's default ``ttl``) is dropped once
       ``clock()`` passes its expiry, delivered or not; nothing is written for that.
     """
+
+    # Slots, not a __dict__: a broker holds one Queue per recipient.
+    __slots__ = (
+        "max_messages", "max_bytes", "ttl", "visibility_timeout", "_clock", "_lock", "_entries", "_ready",
+        "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads",
+        "_replayed", "_ordinal", "_open_lsn", "restored",
+    )
 
     def __init__(
         self,
@@ -145,15 +177,23 @@ class Queue:
         max_messages: int | None = None,
         max_bytes: int | None = None,
         ttl: float | None = None,
+        visibility_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.max_messages = _check_limit("max_messages", max_messages)
         self.max_bytes = _check_limit("max_bytes", max_bytes)
         self.ttl = _check_ttl(ttl)
+        self.visibility_timeout = _check_visibility("visibility_timeout", visibility_timeout)
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}  # every message not acknowledged, by id (id order)
-        self._ready: deque[_Entry] = deque()  # those not delivered yet, in id order
+        # Those not delivered yet, in id order, from ``_head`` on (a list and an index:
+        # an empty deque costs 600 bytes, an empty list 56, and there is one per queue).
+        self._ready: list[_Entry] = []
+        self._head = 0
+        # (visible_at, id) of delivered messages with a timeout; stale pairs (acknowledged,
+        # delivered again) are skipped when they come up.
+        self._timeouts: list[tuple[float, int]] = []
         self._bytes = 0
         self._in_flight = 0
         self._next_id = 1
@@ -180,6 +220,7 @@ class Queue:
         max_messages: int | None = None,
         max_bytes: int | None = None,
         ttl: float | None = None,
+        visibility_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
         **options: Unpack[StoreOptions],
     ) -> Queue:
@@ -190,10 +231,13 @@ class Queue:
         unless given; rotation triggers, ``retain``, ``storage_options``...). A rotation
         copies the messages not acknowledged into the new log, reading their bodies from
         the old one. ``max_messages``/``max_bytes`` are the quota, ``ttl`` the default
-        time to live of a message in seconds, ``clock`` the wall clock expiries are read
-        against. :class:`WriterConflict` when another process has the queue open.
+        time to live of a message in seconds, ``visibility_timeout`` the seconds a
+        delivered message waits for its ``ack`` before it is delivered again (None, the
+        default: until a restart), ``clock`` the wall clock expiries and timeouts are
+        read against. :class:`WriterConflict` when another process has the queue open.
         """
-        queue = cls(max_messages=max_messages, max_bytes=max_bytes, ttl=ttl, clock=clock)
+        queue = cls(max_messages=max_messages, max_bytes=max_bytes, ttl=ttl,
+                    visibility_timeout=visibility_timeout, clock=clock)
         opts = queue._options(dict(options))
         so = opts.get("storage_options")
 
@@ -212,6 +256,7 @@ class Queue:
         max_messages: int | None = None,
         max_bytes: int | None = None,
         ttl: float | None = None,
+        visibility_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
         **options: Unpack[StoreOptions],
     ) -> Queue:
@@ -219,7 +264,8 @@ class Queue:
         ``log_set.url(key)``, opened with the set's defaults and ``options`` over them;
         ``durability`` is ``"flush"`` unless one of them names it). The set closes it
         with the others (:meth:`LogSet.close`)."""
-        queue = cls(max_messages=max_messages, max_bytes=max_bytes, ttl=ttl, clock=clock)
+        queue = cls(max_messages=max_messages, max_bytes=max_bytes, ttl=ttl,
+                    visibility_timeout=visibility_timeout, clock=clock)
         opts = queue._options(dict(options), log_set.defaults)
         if "storage_options" in opts:
             raise TypeError("Queue.open_in() takes no storage_options: the set's reach every log")
@@ -247,6 +293,7 @@ class Queue:
         max_messages: int | None = None,
         max_bytes: int | None = None,
         ttl: float | None = None,
+        visibility_timeout: float | None = None,
         clock: Callable[[], float] = time.time,
         **options: Unpack[StoreOptions],
     ) -> dict[str, Queue]:
@@ -261,7 +308,7 @@ class Queue:
 
         def open_one(key: str) -> Queue:
             return cls.open_in(log_set, key, max_messages=max_messages, max_bytes=max_bytes, ttl=ttl,
-                               clock=clock, **options)
+                               visibility_timeout=visibility_timeout, clock=clock, **options)
 
         if threads == 1 or len(names) < 2:
             return {key: open_one(key) for key in names}
@@ -320,7 +367,7 @@ class Queue:
             self._entries[message_id] = entry
             self._ready.append(entry)
             self._bytes += size
-        self._replayed = {}
+        self._replayed.clear()
         self._open_lsn = result.next_lsn
 
     def _apply_batch(self, records: list[Any]) -> None:
@@ -436,31 +483,97 @@ class Queue:
             self.max_bytes is not None and self._bytes + size > self.max_bytes
         )
 
-    def receive(self) -> Message | None:
-        """The oldest message not delivered yet (nor acknowledged, nor expired), its body
-        read from the log; None when there is none. It stays in the queue until
-        :meth:`ack`: a restart delivers it again."""
+    def receive(self, visibility_timeout: float | None = None) -> Message | None:
+        """The next message to deliver, its body read from the log; None when there is
+        none. That is a delivered message whose visibility timeout ran out (the one that
+        ran out first), else the oldest message not delivered yet; never one acknowledged
+        or expired. It stays in the queue until :meth:`ack`: it is delivered again once
+        ``visibility_timeout`` seconds pass (default: the queue's; None: not before a
+        restart), and after a restart."""
+        timeout = self.visibility_timeout if visibility_timeout is None else _check_visibility(
+            "visibility_timeout", visibility_timeout)
         with self._lock:
             reader = self._reader
             if reader is None:
                 raise RuntimeError("Queue is not open; use Queue.open(url) or Queue.open_in(log_set, key)")
             now = self._clock()
-            ready = self._ready
-            while ready:
-                entry = ready[0]
-                if self._entries.get(entry.id) is not entry:
-                    ready.popleft()  # acknowledged before it was delivered
-                    continue
+            while True:
+                entry = self._timed_out(now)
+                again = entry is not None
+                if entry is None:
+                    entry = self._first_ready()
+                    if entry is None:
+                        return None
                 if entry.expires_at is not None and entry.expires_at <= now:
-                    ready.popleft()
+                    self._take(again)
                     self._drop(entry)
                     continue
                 record = self._record(reader, entry)  # raises with the entry still first
-                ready.popleft()
-                entry.delivered = True
-                self._in_flight += 1
+                self._take(again)
+                if not again:
+                    self._in_flight += 1
+                if timeout is None:
+                    entry.visible_at = math.inf
+                else:
+                    entry.visible_at = now + timeout
+                    heapq.heappush(self._timeouts, (entry.visible_at, entry.id))
                 return Message(entry.id, record["body"], entry.expires_at)
-            return None
+
+    def _timed_out(self, now: float) -> _Entry | None:
+        """The delivered message whose timeout ran out first by ``now``, if any (first
+        in ``_timeouts`` once stale pairs are dropped)."""
+        timeouts = self._timeouts
+        while timeouts:
+            at, message_id = timeouts[0]
+            entry = self._entries.get(message_id)
+            if entry is None or entry.visible_at != at:
+                heapq.heappop(timeouts)  # acknowledged, expired, or its timeout moved
+                continue
+            return entry if at <= now else None
+        return None
+
+    def _first_ready(self) -> _Entry | None:
+        """The oldest message not delivered yet (first from ``_head``), if any."""
+        ready, entries = self._ready, self._entries
+        while self._head < len(ready):
+            entry = ready[self._head]
+            if entries.get(entry.id) is entry:
+                return entry
+            self._head += 1  # acknowledged (or expired) before it was delivered
+        del ready[:]
+        self._head = 0
+        return None
+
+    def _take(self, timed_out: bool) -> None:
+        """Take out the entry :meth:`receive` found first (of ``_timeouts`` or ``_ready``)."""
+        if timed_out:
+            heapq.heappop(self._timeouts)
+            return
+        self._head += 1
+        if self._head >= _COMPACT_AT and 2 * self._head >= len(self._ready):
+            del self._ready[:self._head]
+            self._head = 0
+
+    def change_visibility(self, message_id: int, timeout: float) -> bool:
+        """Deliver message ``message_id``, delivered and not yet visible again, again once
+        ``timeout`` seconds from now pass (0: at the next :meth:`receive`); True. False,
+        changing nothing, for a message that is not in flight: not delivered, its
+        timeout already run out, acknowledged or expired. Writes nothing."""
+        if type(message_id) is not int:
+            raise TypeError(f"a message id is an int, not {type(message_id).__name__}")
+        checked = _check_visibility("timeout", timeout)
+        assert checked is not None
+        with self._lock:
+            entry = self._entries.get(message_id)
+            now = self._clock()
+            if entry is None or entry.visible_at is None or entry.visible_at <= now:
+                return False
+            if entry.expires_at is not None and entry.expires_at <= now:
+                self._drop(entry)
+                return False
+            entry.visible_at = now + checked
+            heapq.heappush(self._timeouts, (entry.visible_at, entry.id))
+            return True
 
     def ack(self, message_id: int) -> bool:
         """Acknowledge message ``message_id``: it is never delivered again once this
@@ -483,7 +596,7 @@ class Queue:
     def _drop(self, entry: _Entry) -> None:
         del self._entries[entry.id]
         self._bytes -= entry.size
-        if entry.delivered:
+        if entry.visible_at is not None:
             self._in_flight -= 1
 
     def expire(self) -> int:
@@ -510,7 +623,8 @@ class Queue:
 
     @property
     def in_flight(self) -> int:
-        """Messages delivered and not acknowledged yet."""
+        """Messages delivered and not acknowledged yet (those whose visibility timeout
+        ran out included)."""
         return self._in_flight
 
     def rotate(self) -> None:

@@ -174,6 +174,68 @@ def test_expired_messages_are_dropped_undelivered_also_by_the_quota_and_a_restar
     assert logged(str(url)) == [{"op": "next", "id": 5}]
 
 
+def test_a_message_not_acknowledged_within_its_visibility_timeout_is_delivered_again(tmp_path: Path) -> None:
+    clock = Clock()
+    with persistlog.Queue.open(tmp_path / "q", clock=clock, visibility_timeout=10) as q:
+        for body in (b"a", b"b", b"c"):
+            q.send(body)
+        assert q.receive() == persistlog.Message(1, b"a")
+        assert q.receive(visibility_timeout=4) == persistlog.Message(2, b"b")
+        clock.now += 3
+        assert q.change_visibility(2, 20) is True  # extended: now due at 1023
+        clock.now += 7  # 1010: message 1's timeout ran out, message 2's not
+        assert q.receive() == persistlog.Message(1, b"a"), "a timed-out message comes before one never delivered"
+        assert q.receive() == persistlog.Message(3, b"c")
+        assert q.receive() is None and q.in_flight == 3
+        assert q.ack(1) is True
+        clock.now += 100  # every timeout ran out: 3's (at 1020) before 2's (at 1023)
+        assert [m.id for m in iter(q.receive, None)] == [3, 2]
+        assert q.ack(3) is True and q.ack(2) is True
+        clock.now += 1000
+        assert q.receive() is None, "an acknowledged message is never delivered again"
+        assert len(q) == 0 and q.in_flight == 0
+
+
+def test_change_visibility_only_moves_a_message_in_flight(tmp_path: Path) -> None:
+    clock = Clock()
+    with persistlog.Queue.open(tmp_path / "q", clock=clock) as q:
+        q.send(b"a")
+        q.send(b"b")
+        before = q.log.next_lsn
+        assert q.change_visibility(1, 5) is False, "not delivered yet"
+        assert q.receive() == persistlog.Message(1, b"a")  # no timeout: until a restart
+        clock.now += 1e6
+        assert q.receive() == persistlog.Message(2, b"b")
+        assert q.change_visibility(1, 0) is True, "0 makes it receivable at once"
+        assert q.change_visibility(1, 5) is False, "its timeout ran out already"
+        assert q.receive() == persistlog.Message(1, b"a")
+        assert q.ack(1) is True
+        assert q.change_visibility(1, 5) is False, "acknowledged"
+        assert q.change_visibility(7, 5) is False, "never sent"
+        with pytest.raises(ValueError, match="timeout"):
+            q.change_visibility(2, -1)
+        with pytest.raises(ValueError, match="visibility_timeout"):
+            q.receive(visibility_timeout=float("inf"))
+        with pytest.raises(TypeError, match="int"):
+            q.change_visibility("2", 1)  # type: ignore[arg-type]
+        assert q.log.next_lsn == before + 1, "only the ack was logged"
+    with pytest.raises(ValueError, match="visibility_timeout"):
+        persistlog.Queue.open(tmp_path / "q2", visibility_timeout=-1)
+
+
+def test_timeouts_survive_a_rotation_and_an_expired_message_is_not_delivered_again(tmp_path: Path) -> None:
+    clock = Clock()
+    with persistlog.Queue.open(tmp_path / "q", clock=clock, visibility_timeout=5) as q:
+        q.send(b"a")
+        q.send(b"b", ttl=8)
+        assert [m.id for m in (q.receive(), q.receive())] == [1, 2]
+        q.rotate()  # bodies copied into the new log; delivery state kept
+        clock.now += 6
+        assert q.receive() == persistlog.Message(1, b"a")
+        clock.now += 3  # b's timeout ran out, and so did its ttl
+        assert q.receive() is None and len(q) == 1
+
+
 def test_bad_input_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="takes no replay"):
         persistlog.Queue.open(tmp_path / "q", replay=print)

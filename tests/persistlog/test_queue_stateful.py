@@ -1,10 +1,13 @@
 """A Queue against a model queue, as a hypothesis state machine (docs/DESIGN.md, "Queues").
 
-Rules: send (with and without a TTL, against a message and a byte quota), receive, ack (of
-ids delivered, not delivered, acknowledged already, never sent), the clock moving on,
-expire, rotate (also started by a small size trigger), and close + reopen, which forgets
-delivery state. After each step what the queue returned equals what the model says: the
-oldest live message not delivered, ack's answer, the quota's verdict, expire's count.
+Rules: send (with and without a TTL, against a message and a byte quota), receive (with
+the queue's visibility timeout or its own, 0 included), change_visibility, ack (of ids
+delivered, not delivered, acknowledged already, never sent), the clock moving on, expire,
+rotate (also started by a small size trigger), and close + reopen, which forgets delivery
+state. After each step what the queue returned equals what the model says: the delivered
+message whose timeout ran out first, else the oldest live message not delivered; ack's and
+change_visibility's answers, the quota's verdict, expire's count. An acknowledged message
+is gone from the model, so delivering it again fails the comparison.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import persistlog
 
 MAX_MESSAGES = 6
 MAX_BYTES = 1200
+VISIBILITY = 3.0
 
 
 class Clock:
@@ -39,14 +43,15 @@ class QueueMachine(RuleBasedStateMachine):
         self.url = str(Path(self.root) / "q")
         self.clock = Clock()
         self.q = self._open()
-        # The model: live messages by id (id order) -> (body, expiry), delivered ids.
+        # The model: live messages by id (id order) -> (body, expiry); delivered ids ->
+        # when they are delivered again.
         self.messages: dict[int, tuple[bytes, float | None]] = {}
-        self.delivered: set[int] = set()
+        self.delivered: dict[int, float] = {}
         self.next_id = 1
 
     def _open(self) -> persistlog.Queue:
         return persistlog.Queue.open(
-            self.url, max_messages=MAX_MESSAGES, max_bytes=MAX_BYTES, clock=self.clock,
+            self.url, max_messages=MAX_MESSAGES, max_bytes=MAX_BYTES, visibility_timeout=VISIBILITY, clock=self.clock,
             rotate_bytes=4096, batch_bytes=1024,
         )
 
@@ -56,7 +61,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def _forget_expired(self) -> None:
         self.messages = self._live()
-        self.delivered &= set(self.messages)
+        self.delivered = {i: at for i, at in self.delivered.items() if i in self.messages}
 
     @rule(body=st.binary(max_size=400), ttl=st.none() | st.sampled_from([1.0, 5.0, 30.0]))
     def send(self, body: bytes, ttl: float | None) -> None:
@@ -73,17 +78,29 @@ class QueueMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.messages[mid] = (body, None if ttl is None else self.clock.now + ttl)
 
-    @rule()
-    def receive(self) -> None:
+    @rule(timeout=st.none() | st.sampled_from([0.0, 1.0, 20.0, 1e9]))
+    def receive(self, timeout: float | None) -> None:
         self._forget_expired()
-        want = next((i for i in self.messages if i not in self.delivered), None)
-        got = self.q.receive()
+        now = self.clock.now
+        due = sorted((at, i) for i, at in self.delivered.items() if at <= now)
+        want = due[0][1] if due else next((i for i in self.messages if i not in self.delivered), None)
+        got = self.q.receive(visibility_timeout=timeout)
         if want is None:
             assert got is None
             return
         assert got is not None and (got.id, got.body) == (want, self.messages[want][0])
         assert got.expires_at == self.messages[want][1]
-        self.delivered.add(want)
+        self.delivered[want] = now + (VISIBILITY if timeout is None else timeout)
+
+    @rule(data=st.data(), timeout=st.sampled_from([0.0, 2.0, 50.0]))
+    def change_visibility(self, data: st.DataObject, timeout: float) -> None:
+        mid = data.draw(st.sampled_from(sorted(self.messages | {0: (b"", None)})))
+        self._forget_expired()
+        now = self.clock.now
+        expected = mid in self.delivered and self.delivered[mid] > now
+        assert self.q.change_visibility(mid, timeout) is expected
+        if expected:
+            self.delivered[mid] = now + timeout
 
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
@@ -92,7 +109,7 @@ class QueueMachine(RuleBasedStateMachine):
         expected = mid in self.messages
         assert self.q.ack(mid) is expected
         self.messages.pop(mid, None)
-        self.delivered.discard(mid)
+        self.delivered.pop(mid, None)
 
     @rule(dt=st.sampled_from([0.5, 2.0, 10.0]))
     def tick(self, dt: float) -> None:
