@@ -79,6 +79,7 @@ def child(n: int, root: str, idle_seconds: float, threads: int = 1) -> dict[str,
     def each(fn: Callable[[int], Any]) -> list[Any]:
         return list(pool.map(fn, range(n))) if threads > 1 else [fn(i) for i in range(n)]
 
+    load_before = os.getloadavg()
     started = time.perf_counter()
     logs: list[persistlog.Log] = each(
         lambda i: persistlog.open(urls[i], snapshot_of(states[i]), durability="flush"))
@@ -138,6 +139,10 @@ def child(n: int, root: str, idle_seconds: float, threads: int = 1) -> dict[str,
         "idle_seconds": wall,
         "idle_cpu_seconds": idle_cpu,
         "idle_cpu_percent": 100.0 * idle_cpu / wall if wall > 0 else 0.0,
+        # The machine's load (1-minute average) when the child started and ended: the
+        # times above follow it on a shared machine.
+        "load_before": load_before[0],
+        "load_after": os.getloadavg()[0],
     }
 
 
@@ -176,6 +181,8 @@ def figures_of(r: dict[str, Any]) -> list[Figure]:
         info(f"update() + flush per log, round robin, {n:,} logs", AREA, r["update_seconds"] * per_log, "ms"),
         info(f"close() per log, {n:,} logs", AREA, r["close_seconds"] * per_log, "ms"),
         info(f"reopen with restore per log, {n:,} logs", AREA, r["reopen_seconds"] * per_log, "ms"),
+        info("  load average (1 min) at start / end", AREA, round(r["load_before"], 1), "",
+             round(r["load_after"], 1), "at the end"),
     ]
 
 
@@ -187,7 +194,15 @@ def pool_figures_of(r: dict[str, Any]) -> list[Figure]:
         info(f"open() of {n:,} logs from {t} threads", AREA, round(r["open_seconds"], 2), "s", raw=r),
         info(f"close() + reopen with restore of {n:,} logs from {t} threads", AREA,
              round(r["close_seconds"] + r["reopen_seconds"], 2), "s"),
+        info(f"  close / reopen with restore, {t} threads", AREA, round(r["close_seconds"], 2), "s",
+             round(r["reopen_seconds"], 2), "reopen"),
         info(f"logs restored to another state, of {n:,}, {t} threads", AREA, r["states_wrong"], ""),
+        info(f"threads / file descriptors, {n:,} open logs, {t} app threads (theirs aside)", AREA, r["threads"], "",
+             r["fds"], "fds"),
+        info(f"RSS, {n:,} open logs, {t} threads", AREA, round(r["rss_mib"] - r["rss_before_mib"], 1), "MiB"),
+        info(f"idle CPU, {n:,} open logs, {t} threads", AREA, round(r["idle_cpu_percent"], 2), "% core"),
+        info("  load average (1 min) at start / end", AREA, round(r["load_before"], 1), "",
+             round(r["load_after"], 1), "at the end"),
     ]
 
 
@@ -199,7 +214,7 @@ def many_open_logs(cfg: Config, s: Scratch) -> list[Figure]:
     log.info("many logs: %d logs opened with durability='flush', idle %gs", n, idle)
     figures = figures_of(run_child(n, s.fresh("many"), idle))
     log.info("many logs: %d logs opened by %d app threads", n, POOL_THREADS)
-    return figures + pool_figures_of(run_child(n, s.fresh("many-pool"), 0.0, POOL_THREADS))
+    return figures + pool_figures_of(run_child(n, s.fresh("many-pool"), idle, POOL_THREADS))
 
 
 BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {

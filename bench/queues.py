@@ -17,16 +17,20 @@ Each measurement runs in a child process of its own, so that its memory is its o
    show it is ready to deliver, and read the RSS;
 3. **shared** (``--child shared``): the same fill and cycles with one Log for all queues
    (records ``{"q": key, ...}``) and every pending body in a dict of deques: the design
-   the queues replace.
+   the queues replace;
+4. **memory** (``--child memory``): ``MEMORY_QUEUES`` queues with as many messages each as
+   the fill gives a queue, under ``tracemalloc``: the bytes each open queue's ``Log`` holds
+   (allocated under ``persistlog.open``), the bytes the queue holds itself (everything else
+   its open allocated), per queue, and per pending message.
 
 Run as a script it is one child (``--child MODE --root DIR --queues N --pending-mb M
 --seconds S``), printing its figures as one JSON line; ``python bench/queues.py --queues
 N`` runs every step and prints the figures without the bench table.
 
-What limits the figures today: each open local log holds two file descriptors (its lock
-and its segment), so ``ulimit -n`` caps the queues one process opens (the child caps
-``queues`` at what fits and says so), and opening a log costs milliseconds, which the
-restart pays once per queue.
+Each child reports the machine's load average (1 minute) at its start: the figures are
+taken on a shared machine. Open logs hold no descriptor while idle (a bounded cache of
+``PERSISTLOG_OPEN_FILES`` serves the ones writing), so the fill child also reports its
+threads and descriptors.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import collections
 import json
 import logging
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -57,10 +60,11 @@ MAX_RSS_MB = 40.0
 MIN_CYCLES_PER_S = 20_000.0
 MAX_RESTART_S = 10.0
 MIN_VS_SHARED = 0.5
-#: Descriptors each open local log holds (its lock and its segment), and what the process
-#: keeps for itself.
-FDS_PER_LOG = 2
-FDS_SPARE = 200
+#: Queues of the tracemalloc child (the split per queue and per message does not depend
+#: on the count; tracemalloc makes each allocation slower).
+MEMORY_QUEUES = 1000
+#: Threads ``Queue.open_many`` opens with at the restart (its default).
+OPEN_THREADS = None
 
 
 def rss_mb() -> float:
@@ -69,10 +73,12 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def fitting_queues(wanted: int) -> int:
-    """``wanted``, or as many queues as this process's descriptor limit lets it open."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(1, min(wanted, (soft - FDS_SPARE) // FDS_PER_LOG))
+def fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
 
 
 def keys(n: int) -> list[str]:
@@ -111,6 +117,7 @@ def fill_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str
     import persistlog
 
     base = rss_mb()
+    load = os.getloadavg()[0]
     names = keys(n)
     started = time.perf_counter()
     logs = persistlog.LogSet(root, durability="flush")
@@ -132,6 +139,7 @@ def fill_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str
     return {
         "queues": n, "open_seconds": open_s, "messages": total, "pending_mb": total * MESSAGE_BYTES / 1e6,
         "fill_seconds": fill_s, "rss_base_mb": base, "rss_empty_mb": rss_empty, "rss_full_mb": rss_full, **cycles,
+        "fill_load": load, "fill_fds": fds(), "fill_threads": threads(),
     }
 
 
@@ -139,25 +147,30 @@ def restart_child(root: str, n: int) -> dict[str, Any]:
     import persistlog
 
     base = rss_mb()
+    load = os.getloadavg()[0]
     started = time.perf_counter()
+    cpu = time.process_time()
     logs = persistlog.LogSet(root, durability="flush")
-    queues = list(persistlog.Queue.open_many(logs).values())
+    opened = persistlog.Queue.open_many(logs) if OPEN_THREADS is None else persistlog.Queue.open_many(logs, threads=OPEN_THREADS)
+    queues = list(opened.values())
     open_s = time.perf_counter() - started
     pending = sum(len(q) for q in queues)
     first = [q.receive() for q in queues]
     ready_s = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     assert all(m is not None for m in first), "a queue lost its messages"
     rss = rss_mb() - base
     logs.close()
     assert len(queues) == n, f"{len(queues)} queues found, {n} opened before"
     return {"queues": n, "restart_open_seconds": open_s, "restart_ready_seconds": ready_s,
-            "restart_messages": pending, "restart_rss_mb": rss}
+            "restart_cpu_seconds": cpu, "restart_messages": pending, "restart_rss_mb": rss, "restart_load": load}
 
 
 def shared_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[str, Any]:
     import persistlog
 
     base = rss_mb()
+    load = os.getloadavg()[0]
     pending: dict[str, collections.deque[tuple[int, bytes]]] = {k: collections.deque() for k in keys(n)}
     lg = persistlog.open(os.path.join(root, "shared"), lambda emit: None, durability="flush", rotate_bytes=None)
     next_id = 1
@@ -177,7 +190,49 @@ def shared_child(root: str, n: int, pending_mb: float, seconds: float) -> dict[s
     rss_full = rss_mb() - base
     cycles = _cycles(send, take, list(pending), seconds)
     lg.close()
-    return {"queues": n, "shared_rss_full_mb": rss_full, **{f"shared_{k}": v for k, v in cycles.items()}}
+    return {"queues": n, "shared_rss_full_mb": rss_full, "shared_load": load,
+            **{f"shared_{k}": v for k, v in cycles.items()}}
+
+
+def memory_child(root: str, n: int, per_queue: int) -> dict[str, Any]:
+    """Bytes per open queue (its Log's, its own) and per pending message, by tracemalloc:
+    an allocation is the Log's when ``persistlog.open`` is on its stack."""
+    import gc
+    import tracemalloc
+
+    import persistlog
+
+    names = keys(n)
+    logs = persistlog.LogSet(root, durability="flush")
+    tracemalloc.start(64)
+    queues = persistlog.Queue.open_many(logs, names, threads=1)
+    gc.collect()
+    opened = tracemalloc.take_snapshot()
+    body = os.urandom(MESSAGE_BYTES)
+    for _ in range(per_queue):
+        for key in names:
+            queues[key].send(body)
+    gc.collect()
+    full = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+
+    def split(snapshot: tracemalloc.Snapshot) -> tuple[int, int]:
+        log_bytes = queue_bytes = 0
+        for stat in snapshot.statistics("traceback"):
+            frames = [(f.filename, f.lineno) for f in stat.traceback]
+            if any(name.endswith(os.path.join("persistlog", "_api.py")) for name, _ in frames):
+                log_bytes += stat.size  # under persistlog.open: the Log
+            elif any(name.endswith(os.path.join("persistlog", "_queue.py")) for name, _ in frames):
+                queue_bytes += stat.size
+        return log_bytes, queue_bytes
+
+    log_open, queue_open = split(opened)
+    log_full, queue_full = split(full)
+    messages = n * per_queue
+    return {"memory_queues": n, "memory_messages": messages,
+            "log_bytes_per_queue": log_open / n, "queue_bytes_per_queue": queue_open / n,
+            "queue_bytes_per_message": (queue_full - queue_open) / messages,
+            "log_bytes_per_message": (log_full - log_open) / messages}
 
 
 def run_child(mode: str, root: str, n: int, pending_mb: float, seconds: float) -> dict[str, Any]:
@@ -192,25 +247,24 @@ def run_child(mode: str, root: str, n: int, pending_mb: float, seconds: float) -
     return result
 
 
-def measure(root: str, wanted: int, pending_mb: float, seconds: float) -> dict[str, Any]:
-    n = fitting_queues(wanted)
-    if n < wanted:
-        log.warning("queues: %d queues asked for, %d fit in this process's %d file descriptors (%d per log)",
-                    wanted, n, resource.getrlimit(resource.RLIMIT_NOFILE)[0], FDS_PER_LOG)
+def measure(root: str, n: int, pending_mb: float, seconds: float) -> dict[str, Any]:
     os.makedirs(root, exist_ok=True)
-    r: dict[str, Any] = {"queues_wanted": wanted}
+    r: dict[str, Any] = {"queues_wanted": n}
     log.info("queues: %d queues, %g MB pending, filling", n, pending_mb)
     r |= run_child("fill", os.path.join(root, "set"), n, pending_mb, seconds)
     log.info("queues: restarting %d queues", n)
     r |= run_child("restart", os.path.join(root, "set"), n, pending_mb, seconds)
     log.info("queues: one shared log for %d queues", n)
     r |= run_child("shared", root, n, pending_mb, seconds)
+    m = min(n, MEMORY_QUEUES)
+    log.info("queues: memory of %d queues by tracemalloc", m)
+    r |= run_child("memory", os.path.join(root, "memory"), m, pending_mb * m / n, seconds)
     return r
 
 
 def figures_of(r: dict[str, Any]) -> list[Figure]:
     n = r["queues"]
-    where = f"{n:,} queues" + ("" if n == r["queues_wanted"] else f" (of {r['queues_wanted']:,}: fds)")
+    where = f"{n:,} queues"
     mb = r["pending_mb"]
     return [
         at_most(f"RSS over interpreter, {where}, {mb:.0f} MB pending", AREA, round(r["rss_full_mb"], 1), MAX_RSS_MB, "MB",
@@ -230,7 +284,14 @@ def figures_of(r: dict[str, Any]) -> list[Figure]:
                 MAX_RESTART_S, "s"),
         info(f"  open() per queue at restart, {where}", AREA, round(1e3 * r["restart_open_seconds"] / n, 2), "ms"),
         info(f"  RSS over interpreter after restart, {where}", AREA, round(r["restart_rss_mb"], 1), "MB"),
+        info("  restart CPU seconds (all threads)", AREA, round(r["restart_cpu_seconds"], 1), "s"),
         info(f"  first open() per queue, {where}", AREA, round(1e3 * r["open_seconds"] / n, 2), "ms"),
+        info(f"  threads / descriptors, {where} open", AREA, r["fill_threads"], "", r["fill_fds"], "fds"),
+        info("  per open queue: its Log / the queue itself (tracemalloc)", AREA,
+             round(r["log_bytes_per_queue"]), "B", round(r["queue_bytes_per_queue"]), "the queue"),
+        info("  per pending message, the queue's", AREA, round(r["queue_bytes_per_message"]), "B"),
+        info("  load average (1 min) at fill / restart / shared", AREA, round(r["fill_load"], 1), "",
+             round(r["restart_load"], 1), f"restart; shared {r['shared_load']:.1f}"),
     ]
 
 
@@ -246,7 +307,7 @@ BENCHMARKS: dict[str, Callable[[Config, Scratch], Sequence[Figure]]] = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--child", choices=["fill", "restart", "shared"], help="run as one child")
+    parser.add_argument("--child", choices=["fill", "restart", "shared", "memory"], help="run as one child")
     parser.add_argument("--root", help="where the child's logs go")
     parser.add_argument("--queues", type=int, default=10_000)
     parser.add_argument("--pending-mb", type=float, default=100.0)
@@ -264,6 +325,10 @@ def main() -> None:
     if args.child == "shared":
         print(json.dumps(shared_child(args.root, args.queues, args.pending_mb, args.seconds)))
         return
+    if args.child == "memory":
+        per_queue = max(1, round(args.pending_mb * 1e6 / MESSAGE_BYTES / args.queues))
+        print(json.dumps(memory_child(args.root, args.queues, per_queue)))
+        os._exit(0)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="queues-") as root:

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--many-logs", type=int, default=None,
                         help="logs held open at once by the many group (default 10000, 1000 with --quick)")
     parser.add_argument("--queues", type=int, default=None,
-                        help="queues of the queues group (default 10000, 1000 with --quick; capped by ulimit -n)")
+                        help="queues of the queues group (default 10000, 1000 with --quick)")
     parser.add_argument("--spark", action=argparse.BooleanOptionalAction, default=None,
                         help="run bench/spark_bench.py if present (default: yes, except with --quick)")
     parser.add_argument("--moto-in-process", action="store_true",

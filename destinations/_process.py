@@ -53,11 +53,21 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+# (pid, start time) of this process, read once per pid (a forked child reads its own).
+_own_start: tuple[int, int | None] | None = None
+
+
 def identity() -> dict[str, object]:
     """This process as an owner record holds it: ``boot_id`` and ``start`` (None without
-    ``/proc``)."""
-    st = _stat(os.getpid())
-    return {"boot_id": boot_id(), "start": st[1] if st else None}
+    ``/proc``). The start time is read once per process: a process opening thousands of
+    logs takes thousands of locks."""
+    global _own_start
+    pid = os.getpid()
+    own = _own_start
+    if own is None or own[0] != pid:
+        st = _stat(pid)
+        own = _own_start = (pid, st[1] if st else None)
+    return {"boot_id": boot_id(), "start": own[1]}
 
 
 def process_running(

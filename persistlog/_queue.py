@@ -351,6 +351,7 @@ class Queue:
         self._log = lg
         self._loads = lg.codec.loads
         self._reader = RecordReader(self._dest, self._loads, written=lg.sync)
+        self._reader.seed(lg.seq, self._open_lsn)  # every message is in the log open() began
         self.restored = result
 
     def _rebuild(self, result: RestoreResult) -> None:

@@ -63,6 +63,15 @@ class RecordReader:
         self._logs: dict[int, list[tuple[int, str]]] = {}
         self._first_lsns: dict[tuple[int, int], int] = {}
 
+    def seed(self, seq: int, first_lsn: int) -> None:
+        """Start at the beginning of log ``seq``, known to start at ``first_lsn`` (its
+        writer just made it): the first read scans from there without listing the
+        destination or reading a segment header. Anything not found there is located
+        as usual (:meth:`record` lists again before it gives up)."""
+        self._cursor = (seq, 0, 0, None)
+        self._logs = {seq: [(0, F.segment_name(seq, 0))]}
+        self._first_lsns = {(seq, 0): first_lsn}
+
     def forget(self) -> None:
         """Drop the cursor and the listing (the writer rotated: the next read locates)."""
         self._cursor = None
