@@ -216,14 +216,27 @@ def memory_child(root: str, n: int, per_queue: int) -> dict[str, Any]:
     full = tracemalloc.take_snapshot()
     tracemalloc.stop()
 
+    queue_files = ("_queue.py", "_record_reader.py")
+
     def split(snapshot: tracemalloc.Snapshot) -> tuple[int, int]:
+        """(the Logs' bytes, the queues' bytes): an allocation is the Log's under
+        ``persistlog.open`` or when the innermost persistlog module on its stack is not
+        the queue's (a ``Log.update`` a ``send`` makes); the queue's when that module is
+        ``_queue.py`` or ``_record_reader.py`` (the destination its reader reads through
+        included); the log set's own bookkeeping is neither."""
         log_bytes = queue_bytes = 0
         for stat in snapshot.statistics("traceback"):
-            frames = [(f.filename, f.lineno) for f in stat.traceback]
-            if any(name.endswith(os.path.join("persistlog", "_api.py")) for name, _ in frames):
-                log_bytes += stat.size  # under persistlog.open: the Log
-            elif any(name.endswith(os.path.join("persistlog", "_queue.py")) for name, _ in frames):
+            names = [f.filename for f in stat.traceback]  # oldest first
+            if any(name.endswith(os.path.join("persistlog", "_api.py")) for name in names):
+                log_bytes += stat.size
+                continue
+            ours = [name for name in names if os.sep + "persistlog" + os.sep in name]
+            if not ours or ours[-1].endswith("_log_set.py"):
+                continue
+            if ours[-1].endswith(queue_files):
                 queue_bytes += stat.size
+            else:
+                log_bytes += stat.size
         return log_bytes, queue_bytes
 
     log_open, queue_open = split(opened)

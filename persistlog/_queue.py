@@ -191,9 +191,9 @@ class Queue:
         # an empty deque costs 600 bytes, an empty list 56, and there is one per queue).
         self._ready: list[_Entry] = []
         self._head = 0
-        # (visible_at, id) of delivered messages with a timeout; stale pairs (acknowledged,
-        # delivered again) are skipped when they come up.
-        self._timeouts: list[tuple[float, int]] = []
+        # (visible_at, id) of delivered messages with a timeout, a heap made at the first
+        # one; stale pairs (acknowledged, delivered again) are skipped when they come up.
+        self._timeouts: list[tuple[float, int]] | None = None
         self._bytes = 0
         self._in_flight = 0
         self._next_id = 1
@@ -205,7 +205,7 @@ class Queue:
         self._loads: Callable[[bytes], Any] | None = None
         # Restoring: each replayed send by ordinal (its LSN once the restore says where
         # the replay started), and the LSN the open's first log starts at.
-        self._replayed: dict[int, tuple[int, float | None, int]] = {}
+        self._replayed: dict[int, tuple[int, float | None, int]] | None = {}
         self._ordinal = 0
         self._open_lsn = 0
         self.restored: RestoreResult | None = None
@@ -360,19 +360,22 @@ class Queue:
             raise CorruptLogError(f"{result.destination}: a queue cannot restore past damage ({result.skipped[0].reason})")
         first = result.next_lsn - result.records  # the LSN of the first record replayed
         now = self._clock()
-        for message_id in sorted(self._replayed):
-            ordinal, expires_at, size = self._replayed[message_id]
+        replayed = self._replayed
+        assert replayed is not None
+        for message_id in sorted(replayed):
+            ordinal, expires_at, size = replayed[message_id]
             if expires_at is not None and expires_at <= now:
                 continue
             entry = _Entry(message_id, first + ordinal, expires_at, size)
             self._entries[message_id] = entry
             self._ready.append(entry)
             self._bytes += size
-        self._replayed.clear()
+        self._replayed = None  # restored: no longer needed
         self._open_lsn = result.next_lsn
 
     def _apply_batch(self, records: list[Any]) -> None:
         replayed = self._replayed
+        assert replayed is not None, "a queue replays only while it opens"
         for r in records:
             ordinal = self._ordinal
             self._ordinal = ordinal + 1
@@ -516,15 +519,20 @@ class Queue:
                 if timeout is None:
                     entry.visible_at = math.inf
                 else:
-                    entry.visible_at = now + timeout
-                    heapq.heappush(self._timeouts, (entry.visible_at, entry.id))
+                    self._time_out(entry, now + timeout)
                 return Message(entry.id, record["body"], entry.expires_at)
+
+    def _time_out(self, entry: _Entry, at: float) -> None:
+        entry.visible_at = at
+        if self._timeouts is None:
+            self._timeouts = []
+        heapq.heappush(self._timeouts, (at, entry.id))
 
     def _timed_out(self, now: float) -> _Entry | None:
         """The delivered message whose timeout ran out first by ``now``, if any (first
         in ``_timeouts`` once stale pairs are dropped)."""
         timeouts = self._timeouts
-        while timeouts:
+        while timeouts:  # None or empty: nothing timed
             at, message_id = timeouts[0]
             entry = self._entries.get(message_id)
             if entry is None or entry.visible_at != at:
@@ -548,10 +556,14 @@ class Queue:
     def _take(self, timed_out: bool) -> None:
         """Take out the entry :meth:`receive` found first (of ``_timeouts`` or ``_ready``)."""
         if timed_out:
+            assert self._timeouts is not None
             heapq.heappop(self._timeouts)
             return
         self._head += 1
-        if self._head >= _COMPACT_AT and 2 * self._head >= len(self._ready):
+        if self._head == len(self._ready):
+            self._ready.clear()  # every message delivered: hold none of them here
+            self._head = 0
+        elif self._head >= _COMPACT_AT and 2 * self._head >= len(self._ready):
             del self._ready[:self._head]
             self._head = 0
 
@@ -572,8 +584,7 @@ class Queue:
             if entry.expires_at is not None and entry.expires_at <= now:
                 self._drop(entry)
                 return False
-            entry.visible_at = now + checked
-            heapq.heappush(self._timeouts, (entry.visible_at, entry.id))
+            self._time_out(entry, now + checked)
             return True
 
     def ack(self, message_id: int) -> bool:

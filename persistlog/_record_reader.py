@@ -30,8 +30,8 @@ log = logging.getLogger("persistlog")
 #: segment (a scan's 4 MiB), since a point read usually stops at the first batch.
 POINT_READ_CHUNK = 16 * 1024
 
-# (log seq, segment number, byte offset of a batch, LSN that batch starts at or None
-# at a segment's start).
+# (log seq, segment number, byte offset of a batch, LSN that batch starts at); at a
+# segment's start (offset 0) the LSN the segment starts at, or None where not known.
 _Cursor = tuple[int, int, int, int | None]
 
 
@@ -47,6 +47,8 @@ class RecordReader:
     every LSN asked for is on storage already (logs read after their writer closed them).
     Not thread-safe: its owner serialises calls.
     """
+
+    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns")
 
     def __init__(
         self,
@@ -64,13 +66,13 @@ class RecordReader:
         self._first_lsns: dict[tuple[int, int], int] = {}
 
     def seed(self, seq: int, first_lsn: int) -> None:
-        """Start at the beginning of log ``seq``, known to start at ``first_lsn`` (its
-        writer just made it): the first read scans from there without listing the
-        destination or reading a segment header. Anything not found there is located
-        as usual (:meth:`record` lists again before it gives up)."""
-        self._cursor = (seq, 0, 0, None)
+        """Start at the beginning of log ``seq``, which starts at ``first_lsn`` (its writer
+        just made it): the first read scans from there without listing the destination
+        or reading a segment header. Anything not found there is located as usual
+        (:meth:`record` lists again before it gives up)."""
+        self._cursor = (seq, 0, 0, first_lsn)
         self._logs = {seq: [(0, F.segment_name(seq, 0))]}
-        self._first_lsns = {(seq, 0): first_lsn}
+        self._first_lsns.clear()
 
     def forget(self) -> None:
         """Drop the cursor and the listing (the writer rotated: the next read locates)."""
@@ -111,8 +113,8 @@ class RecordReader:
         batch, the end of what is written, damage): :meth:`_scan_for` sorts that out and
         reports damage where it is."""
         cursor = self._cursor
-        if cursor is None or cursor[3] is None or cursor[3] > lsn:
-            return None
+        if cursor is None or cursor[3] is None or cursor[3] > lsn or cursor[2] == 0:
+            return None  # (at a segment's start the scan reads its header)
         seq, segment, offset, first = cursor
         name = F.segment_name(seq, segment)
         base, buf = offset, b""
@@ -165,7 +167,8 @@ class RecordReader:
             if not segments:
                 return None
             scanner = LogScanner(
-                self.dest, seq, segments, start=(segment, offset, first), tail_ok=True, read_chunk=self._chunk
+                self.dest, seq, segments, start=(segment, offset, first if offset else None), tail_ok=True,
+                read_chunk=self._chunk,
             )
             for batch in scanner:
                 if batch.is_control:
