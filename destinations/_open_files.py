@@ -35,6 +35,10 @@ One written since its last ``fdatasync`` is closed in one of two ways:
 Writing round robin to more files than the cache holds thus costs an ``open``/``close``
 per write, not an ``fdatasync``.
 
+Descriptors are opened read-write (``O_RDWR | O_APPEND``: every write still appends), so
+that a reader of a file being appended to reads through the descriptor the cache holds
+open (:func:`pread_open`), a ``pread`` instead of an ``open``, a ``pread`` and a ``close``.
+
 Lock order: a descriptor's lock, then the cache's lock (held for dictionary updates only).
 Eviction takes other descriptors' locks without waiting (a busy one stays open, the bound
 is then briefly exceeded), so two threads opening files never wait on each other.
@@ -58,7 +62,9 @@ DEFAULT_LIMIT = 256
 #: The environment variable that sets the limit (read once, when the cache is made).
 LIMIT_VARIABLE = "PERSISTLOG_OPEN_FILES"
 
-_OPEN_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = os.O_RDWR | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+# For a file this process may write and not read (mode 0200): no reads through it then.
+_WRITE_ONLY_FLAGS = os.O_WRONLY | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
 #: The first Linux release whose ``syncfs(2)`` reports writeback errors (commit 735e4ae5ba28).
 SYNCFS_REPORTS_ERRORS = (5, 8)
@@ -156,6 +162,8 @@ class OpenFiles:
         self._open: OrderedDict[AppendDescriptor, None] = OrderedDict()
         self._syncfs = _libc_syncfs() if syncfs is _NOT_GIVEN else syncfs
         self._file_systems: dict[int, _FileSystem] = {}
+        # Live descriptors by path, for readers of the files they append to.
+        self._by_path: weakref.WeakValueDictionary[str, AppendDescriptor] = weakref.WeakValueDictionary()
 
     def __repr__(self) -> str:
         mode = "deferred" if self._syncfs is not None else "synced"
@@ -207,6 +215,21 @@ class OpenFiles:
                     for d in busy:
                         if d.is_open:  # not closed by its owner meanwhile
                             self._open[d] = None
+
+    def live(self, path: str) -> AppendDescriptor | None:
+        """The live descriptor appending to ``path`` (exactly that string), if any."""
+        return self._by_path.get(path)
+
+    def joined(self, d: AppendDescriptor) -> None:
+        """``d`` was made: readers of its path may read through it."""
+        with self._mutex:
+            self._by_path[d.path] = d
+
+    def left(self, d: AppendDescriptor) -> None:
+        """``d`` closed for good."""
+        with self._mutex:
+            if self._by_path.get(d.path) is d:
+                del self._by_path[d.path]
 
     def opened(self, d: AppendDescriptor) -> None:
         """``d`` opened its descriptor: the most recently used."""
@@ -270,13 +293,16 @@ class AppendDescriptor:
     eviction's sync is raised (as ``EIO``, chained) by every later call.
     """
 
-    __slots__ = ("path", "_files", "_lock", "_fd", "_dirty", "_owes", "_fs", "_closed", "_error", "__weakref__")
+    __slots__ = (
+        "path", "_files", "_lock", "_fd", "_readable", "_dirty", "_owes", "_fs", "_closed", "_error", "__weakref__",
+    )
 
     def __init__(self, path: str, files: OpenFiles | None = None) -> None:
         self.path = path
         self._files = files or open_files()
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._readable = True  # opened O_RDWR (False once that was refused)
         self._dirty = False  # written through the open descriptor since its last fdatasync
         # Closed written and not synced: the number of the file system's last syncfs
         # started then (a later one covers it).
@@ -289,6 +315,7 @@ class AppendDescriptor:
             self._fs = self._files.file_system(fd, path)
             if self._fs is not None:
                 self._fs.join(self)
+        self._files.joined(self)
 
     def __repr__(self) -> str:
         return f"AppendDescriptor({self.path!r}, open={self._fd is not None})"
@@ -309,7 +336,14 @@ class AppendDescriptor:
             self._files.used(self)
             return fd
         self._files.make_room(self)
-        fd = self._fd = os.open(self.path, _OPEN_FLAGS)
+        try:
+            fd = os.open(self.path, _OPEN_FLAGS if self._readable else _WRITE_ONLY_FLAGS)
+        except PermissionError:
+            if not self._readable:
+                raise
+            fd = os.open(self.path, _WRITE_ONLY_FLAGS)
+            self._readable = False
+        self._fd = fd
         self._files.opened(self)
         return fd
 
@@ -350,6 +384,22 @@ class AppendDescriptor:
         with self._lock:
             os.ftruncate(self._descriptor(), size)
 
+    def pread(self, length: int, offset: int) -> bytes | None:
+        """Up to ``length`` bytes at ``offset`` (fewer at the end of the file) through the
+        descriptor open now; None, reading nothing, when it is not open (evicted, closed,
+        failed): the caller opens the file itself."""
+        with self._lock:
+            fd = self._fd
+            if fd is None or not self._readable or self._closed or self._error is not None:
+                return None
+            data = os.pread(fd, length, offset)
+            while 0 < len(data) < length:
+                more = os.pread(fd, length - len(data), offset + len(data))
+                if not more:
+                    break
+                data += more
+            return data
+
     def file_size(self) -> int:
         """The file's size on the OS side (``fstat``, or ``stat`` while evicted)."""
         with self._lock:
@@ -388,9 +438,20 @@ class AppendDescriptor:
         """Close for good (no sync: closing promises nothing more); idempotent."""
         with self._lock:
             self._closed = True
+            self._files.left(self)
             if self._fs is not None:
                 self._fs.leave(self)
             fd, self._fd = self._fd, None
             if fd is not None:
                 self._files.forget(self)
                 os.close(fd)
+
+
+def pread_open(path: str, length: int, offset: int) -> bytes | None:
+    """``length`` bytes at ``offset`` of ``path`` through the descriptor of this process
+    appending to it, when one is open now; None otherwise (nothing read)."""
+    cache = _cache
+    if cache is None:
+        return None
+    d = cache.live(path)
+    return d.pread(length, offset) if d is not None else None

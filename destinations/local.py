@@ -25,7 +25,7 @@ from typing import Any
 from ._base import AppendFile, Destination, LockHeld, WriterLock
 from ._lock_file import release_lock_file, take_lock_file
 from ._names import check_name, is_temp_name, temp_name
-from ._open_files import AppendDescriptor
+from ._open_files import AppendDescriptor, pread_open
 from ._owner import LOCK_NAME as LOCK_NAME  # the lock file's name, re-exported for tools and tests
 from ._owner import owner_record
 from ._process import identity
@@ -141,8 +141,14 @@ class LocalDestination(Destination):
                     f.seek(offset)
                 return f.read()
         # A ranged read with pread on a bare descriptor: a third of what a buffered file
-        # object costs, for readers that read a few KB at a time (a queue's deliveries).
-        fd = os.open(self._file(name), os.O_RDONLY | os.O_CLOEXEC)
+        # object costs, for readers that read a few KB at a time (a queue's deliveries);
+        # through this process's append descriptor of the file when one is open (a
+        # queue delivering from the segment it appends to), without an open and a close.
+        path = self._file(name)
+        data = pread_open(path, length, offset)
+        if data is not None:
+            return data
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             data = os.pread(fd, length, offset)
             while 0 < len(data) < length:

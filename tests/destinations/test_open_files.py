@@ -280,3 +280,46 @@ def test_the_synced_rule_still_syncs_each_written_descriptor_before_closing_it(t
     assert not a.is_open
     a.close()
     b.close()
+
+
+def test_a_reader_reads_through_the_open_append_descriptor_the_same_bytes(tmp_path: Path) -> None:
+    """``LocalDestination.read`` of a file this process appends to reads through the
+    cache's open descriptor while it is open, and opens the file itself once it was
+    closed: the same bytes either way, the buffered ones not yet among them."""
+    from destinations._open_files import open_files, pread_open
+    from destinations.local import LocalDestination
+
+    dest = LocalDestination(str(tmp_path / "d"))
+    dest.ensure()
+    dest.create("seg", b"head:")
+    f = dest.open_append("seg")
+    f.write(b"0123456789")
+    f.flush()
+    f.write(b"buffered")  # in the file object's buffer, not written yet
+    path = str(tmp_path / "d" / "seg")
+    assert open_files().live(path) is not None
+    assert pread_open(path, 100, 0) == b"head:0123456789"
+    assert dest.read("seg", 3, 6) == b"d:0123"
+    assert dest.read("seg", 10, 100) == b"56789"
+    f.close()
+    assert pread_open(path, 100, 0) is None, "closed: the reader opens the file itself"
+    assert dest.read("seg", 3, 6) == b"d:0123"
+    assert dest.read("seg") == b"head:0123456789buffered"
+
+
+def test_a_file_it_may_not_read_is_appended_to_write_only(tmp_path: Path) -> None:
+    p = tmp_path / "w"
+    p.write_bytes(b"")
+    os.chmod(p, 0o200)
+    try:
+        if os.access(p, os.R_OK):
+            pytest.skip("running as a user who reads any file")
+        files = OpenFiles(2)
+        d = AppendDescriptor(str(p), files)
+        _write(d, b"abc")
+        assert d.pread(3, 0) is None
+        d.sync()
+        d.close()
+    finally:
+        os.chmod(p, 0o600)
+    assert p.read_bytes() == b"abc"
