@@ -168,7 +168,7 @@ class Queue:
     __slots__ = (
         "max_messages", "max_bytes", "ttl", "visibility_timeout", "_clock", "_lock", "_entries", "_ready",
         "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads",
-        "_replayed", "_ordinal", "_open_lsn", "restored",
+        "_replayed", "_ordinal", "_open_lsn", "_replay_start", "restored",
     )
 
     def __init__(
@@ -208,6 +208,9 @@ class Queue:
         self._replayed: dict[int, tuple[int, float | None, int]] | None = {}
         self._ordinal = 0
         self._open_lsn = 0
+        # (seq, first LSN) of the first log the restore replayed, from its start: where
+        # the open's enumeration starts reading bodies.
+        self._replay_start: tuple[int, int] | None = None
         self.restored: RestoreResult | None = None
 
     # -- opening ------------------------------------------------------------------------
@@ -372,6 +375,7 @@ class Queue:
             self._bytes += size
         self._replayed = None  # restored: no longer needed
         self._open_lsn = result.next_lsn
+        self._replay_start = (result.logs[0], first) if result.logs else None
 
     def _apply_batch(self, records: list[Any]) -> None:
         replayed = self._replayed
@@ -408,6 +412,9 @@ class Queue:
         lsn = self._log.next_lsn if self._log is not None else self._open_lsn
         assert self._dest is not None and self._loads is not None
         reader = RecordReader(self._dest, self._loads)
+        if self._log is None and self._replay_start is not None:
+            reader.seed(*self._replay_start)  # every body is in the logs the restore read
+            self._replay_start = None
         emit({"op": "next", "id": self._next_id})
         lsn += 1
         now = self._clock()

@@ -356,7 +356,7 @@ def test_threads_sending_and_delivering_through_rotations_lose_and_repeat_nothin
             t.start()
         for t in threads:
             t.join(60)
-        assert q.log.stats()["rotations"] >= 2
+        st = q.log.stats(); assert st["rotations"] >= 2, {k: st[k] for k in ("rotations", "rotating", "rotation_due", "retaining", "log_bytes")}
         assert len(q) == 0
     for p in (1, 2):
         mine = [int(b.split(b":")[1]) for b in got if b.startswith(b"%d:" % p)]
