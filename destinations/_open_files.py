@@ -392,13 +392,7 @@ class AppendDescriptor:
             fd = self._fd
             if fd is None or not self._readable or self._closed or self._error is not None:
                 return None
-            data = os.pread(fd, length, offset)
-            while 0 < len(data) < length:
-                more = os.pread(fd, length - len(data), offset + len(data))
-                if not more:
-                    break
-                data += more
-            return data
+            return pread_all(fd, length, offset)
 
     def file_size(self) -> int:
         """The file's size on the OS side (``fstat``, or ``stat`` while evicted)."""
@@ -455,3 +449,14 @@ def pread_open(path: str, length: int, offset: int) -> bytes | None:
         return None
     d = cache.live(path)
     return d.pread(length, offset) if d is not None else None
+
+
+def pread_all(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` of ``fd``, fewer only at the end of the file."""
+    data = os.pread(fd, length, offset)
+    while 0 < len(data) < length:
+        more = os.pread(fd, length - len(data), offset + len(data))
+        if not more:
+            break
+        data += more
+    return data

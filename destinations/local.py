@@ -25,7 +25,7 @@ from typing import Any
 from ._base import AppendFile, Destination, LockHeld, WriterLock
 from ._lock_file import release_lock_file, take_lock_file
 from ._names import check_name, is_temp_name, temp_name
-from ._open_files import AppendDescriptor, pread_open
+from ._open_files import AppendDescriptor, pread_all, pread_open
 from ._owner import LOCK_NAME as LOCK_NAME  # the lock file's name, re-exported for tools and tests
 from ._owner import owner_record
 from ._process import identity
@@ -150,13 +150,7 @@ class LocalDestination(Destination):
             return data
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = os.pread(fd, length, offset)
-            while 0 < len(data) < length:
-                more = os.pread(fd, length - len(data), offset + len(data))
-                if not more:
-                    break
-                data += more
-            return data
+            return pread_all(fd, length, offset)
         finally:
             os.close(fd)
 
