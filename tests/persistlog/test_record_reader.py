@@ -63,3 +63,33 @@ def test_damage_between_the_cursor_and_the_record_is_corruption(tmp_path: Path) 
     with pytest.raises(persistlog.CorruptLogError):
         reader.record(lsns[-1])
     lg.close()
+
+
+class _ListCounting:
+    """A real local destination whose listings are counted (every other call passes)."""
+
+    def __init__(self, url: str) -> None:
+        self._dest = open_destination(url)
+        self.lists = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._dest, name)
+
+    def list(self, start_after: str | None = None) -> list[str]:
+        self.lists += 1
+        return self._dest.list(start_after)
+
+
+def test_a_reader_seeded_at_a_log_s_start_reads_it_without_listing_and_still_finds_later_logs(tmp_path: Path) -> None:
+    lg, at = written_log(tmp_path, 60, segment_bytes=4096, rotate_records=40, batch_bytes=256, retain=10)
+    seq = lg.seq
+    first = min(at)
+    dest = _ListCounting(str(tmp_path / "log"))
+    reader = RecordReader(dest, persistlog.Codec().loads)  # type: ignore[arg-type]
+    reader.seed(1, 1)  # log 1, where the first record (LSN 1) is
+    assert reader.record(first) == at[first]
+    assert dest.lists == 0, "the seeded start needed no listing"
+    for lsn in sorted(at):  # on through later segments and logs: located as usual
+        assert reader.record(lsn) == at[lsn]
+    assert seq > 1 and dest.lists >= 1
+    lg.close()
