@@ -108,26 +108,23 @@ class _FileSystem:
     """One file system's ``syncfs`` gate: the calls made through one directory descriptor,
     numbered as they start, one at a time, and the live descriptors an error fails."""
 
-    __slots__ = ("_fd", "_syncfs", "_mutex", "_started", "_synced", "_members")
+    __slots__ = ("_fd", "_syncfs", "_members", "_mutex", "_started", "_synced")
 
-    def __init__(self, directory: str, syncfs: Callable[[int], None]) -> None:
+    def __init__(
+        self, directory: str, syncfs: Callable[[int], None], members: Callable[[], list[AppendDescriptor]]
+    ) -> None:
         self._fd = os.open(directory, _DIRECTORY_FLAGS)
         self._syncfs = syncfs
+        self._members = members  # the live descriptors of the process (the cache's)
         self._mutex = threading.Lock()
         self._started = 0  # syncfs calls started
         self._synced = 0  # the number of the last one that succeeded
-        self._members: weakref.WeakSet[AppendDescriptor] = weakref.WeakSet()
 
     @property
     def started(self) -> int:
         """Number of the last ``syncfs`` started: a file closed now needs a later one."""
         return self._started
 
-    def join(self, d: AppendDescriptor) -> None:
-        self._members.add(d)
-
-    def leave(self, d: AppendDescriptor) -> None:
-        self._members.discard(d)
 
     def synced_after(self, number: int) -> None:
         """Return once a ``syncfs`` numbered above ``number`` succeeded (making one if
@@ -140,8 +137,9 @@ class _FileSystem:
             try:
                 self._syncfs(self._fd)
             except OSError as e:
-                logger.warning("syncfs of the file system holding %d open log file(s) failed: %s", len(self._members), e)
-                for member in list(self._members):
+                members = [d for d in self._members() if d.file_system is self]
+                logger.warning("syncfs of the file system holding %d open log file(s) failed: %s", len(members), e)
+                for member in members:
                     member.writeback_failed(e)
                 raise
             self._synced = current
@@ -183,7 +181,8 @@ class OpenFiles:
         with self._mutex:
             fs = self._file_systems.get(dev)
             if fs is None:
-                fs = self._file_systems[dev] = _FileSystem(os.path.dirname(os.path.abspath(path)), self._syncfs)
+                fs = self._file_systems[dev] = _FileSystem(
+                    os.path.dirname(os.path.abspath(path)), self._syncfs, self._live_descriptors)
             return fs
 
     @property
@@ -215,6 +214,10 @@ class OpenFiles:
                     for d in busy:
                         if d.is_open:  # not closed by its owner meanwhile
                             self._open[d] = None
+
+    def _live_descriptors(self) -> list[AppendDescriptor]:
+        with self._mutex:
+            return list(self._by_path.values())
 
     def live(self, path: str) -> AppendDescriptor | None:
         """The live descriptor appending to ``path`` (exactly that string), if any."""
@@ -313,8 +316,6 @@ class AppendDescriptor:
         with self._lock:
             fd = self._descriptor()  # the file must exist now: FileNotFoundError otherwise
             self._fs = self._files.file_system(fd, path)
-            if self._fs is not None:
-                self._fs.join(self)
         self._files.joined(self)
 
     def __repr__(self) -> str:
@@ -375,6 +376,11 @@ class AppendDescriptor:
                 self._fs.synced_after(self._owes)
                 self._owes = None
 
+    @property
+    def file_system(self) -> _FileSystem | None:
+        """The ``syncfs`` gate of its file system (None when syncs are not deferred)."""
+        return self._fs
+
     def writeback_failed(self, error: OSError) -> None:
         """A ``syncfs`` of this file's file system failed: every later call raises."""
         if self._error is None:
@@ -433,8 +439,6 @@ class AppendDescriptor:
         with self._lock:
             self._closed = True
             self._files.left(self)
-            if self._fs is not None:
-                self._fs.leave(self)
             fd, self._fd = self._fd, None
             if fd is not None:
                 self._files.forget(self)
