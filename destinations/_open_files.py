@@ -125,7 +125,6 @@ class _FileSystem:
         """Number of the last ``syncfs`` started: a file closed now needs a later one."""
         return self._started
 
-
     def synced_after(self, number: int) -> None:
         """Return once a ``syncfs`` numbered above ``number`` succeeded (making one if
         none has); its ``OSError`` fails every live descriptor of the file system."""
