@@ -673,7 +673,12 @@ class LogScanner:
         link = stored[: F.LINK_SIZE]
         if st.first_link is None and pos == F.SEGMENT_HEADER_SIZE and self.start is None and name == self.segments[0][1]:
             st.first_link = link
-        if self._link is not None and link != self._link:
+        # A header declaring a gap (a secondary's, docs/FORMAT.md) says this log does not
+        # continue the chain before it here: its own link is the writer's, not checked.
+        declares_gap = controls is not None and any(
+            c["t"] == F.CONTROL_HEADER and c.get(F.HEADER_AFTER_GAP) is True for c in controls
+        )
+        if self._link is not None and link != self._link and not declares_gap:
             if self._linked_from is None:
                 before = f"the log before it ends at chain head {self._link.hex()[:16]}"
             else:

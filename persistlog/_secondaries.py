@@ -42,7 +42,7 @@ from . import _encoder
 from . import _format as F
 from ._chain import head_after, link_of
 from ._errors import WriterConflict
-from ._reader import end_of_logs, header_record, list_logs
+from ._reader import chain_end, end_after_seal, header_record, list_logs, newest_seal
 from ._restore import reach
 from ._retention import Retention, apply_retention
 from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
@@ -115,6 +115,11 @@ class Secondary:
         # (seq, next LSN) of the newest log at the destination when known for sure: a new
         # log continues it only if it is the next seq starting at that LSN.
         self._end: tuple[int, int] | None = None
+        # Where the hash chain of that newest log ends here (None: not known, or not
+        # chained): a new log continues it only if its header links to exactly this. A
+        # destination that missed a control batch (a snapshot-complete marker a crash kept
+        # from it) ends its chain elsewhere than the primary, with no LSN missing.
+        self._end_head: bytes | None = None
         self._known_complete: list[int] = []
         # The next LSN a restore of the destination reaches (None: not known), and whether
         # what it holds from its newest complete log on is the primary's history without a
@@ -159,10 +164,14 @@ class Secondary:
                 # As the primary's opening does: the writer that held the lease before
                 # may still be about to write here (docs/DESIGN.md, "One writer").
                 fence_newest_log(self.dest, self.writer_id)
-            self._end = end_of_logs(self.dest, list_logs(self.dest))
+            logs = list_logs(self.dest)
+            seal = newest_seal(self.dest, logs)
+            self._end = end_after_seal(self.dest, logs, seal)
+            self._end_head = chain_end(self.dest, logs, seal)
         except Exception as e:  # unknown end: the next log declares a gap, which is always safe
             log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
             self._end = None
+            self._end_head = None
         self._read_reach()
         # Writes here move the reach on only if a restore reads through to their log.
         self._whole = self._end is not None and self._reach == self._end[1]
@@ -466,13 +475,14 @@ class Secondary:
                 return  # detached when this log started: it is skipped here
             if self._lock is None:
                 self._take_lock()  # lost since: a secondary is never written unlocked
-            if self._end != (seq - 1, first):
+            link = link_of(header_batch)
+            if self._end != (seq - 1, first) or (link is not None and link != self._end_head):
                 header_batch = self._after_gap(header_batch, first)
                 self._whole = False  # a restore stops before this log until it is complete
             started = segment_writer(self.dest, seq, self.segment_bytes)
             started.start(first, header_batch)
             self._sw = started
-            self._head = head_after(header_batch)
+            self._head = self._end_head = head_after(header_batch)
             self._next_lsn = first
             self._complete_lsn = None
             self._end = (seq, first)
@@ -488,7 +498,7 @@ class Secondary:
         if kind == "batch":
             _, _, data, first, end = event
             sw.append(data, first, end)
-            self._head = head_after(data)
+            self._head = self._end_head = head_after(data)
             self._next_lsn = end
             self._end = (sw.seq, end)
             self.batches += 1
