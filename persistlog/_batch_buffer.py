@@ -94,7 +94,6 @@ class BatchBuffer:
         with self._lock:
             if self._blocked:
                 self._unblock()
-            pos = self._pos
             try:
                 end = self._enc_encode(record)
             except BaseException as e:
@@ -104,7 +103,7 @@ class BatchBuffer:
                 raise
             if end > _MAX_RECORD:
                 self._blocked = True  # cut by the next append if interrupted from here
-                return self._take_back(pos, end)
+                return self._take_back(self._pos, end)
             self._pos = end
             lsn = self._next_lsn
             if snapshot:

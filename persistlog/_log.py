@@ -306,15 +306,17 @@ class Log:
             # waits), inlined here: two calls fewer per update (bench: update() against
             # the naive loop).
             staged = self._stage(record)
+            if isinstance(staged, int) and not sync:  # the usual case: the batch stays buffered
+                if not self._writer.flush_armed:
+                    self._writer.arm_flush()  # flushed one interval from now
+                return staged
             writer = self._writer
-            if isinstance(staged, int):
-                lsn, due = staged, False  # the usual case
-            else:  # a full batch, or a big record (the slow path may write a batch first)
-                lsn, due = writer.staged(staged)
+            # A full batch, or a big record (the slow path may write a batch first).
+            lsn, due = (staged, False) if isinstance(staged, int) else writer.staged(staged)
             if sync or due:
                 writer.commit(lsn, durable=sync or self._sync_each)
             elif not writer.flush_armed:
-                writer.arm_flush()  # flushed one interval from now
+                writer.arm_flush()
             return lsn
         except HandedOver:
             self._wait_until_let_go()  # told only once the new writer can have it all
