@@ -4,7 +4,9 @@ In an event loop a waiter is a future, and waking it is a callback on the loop: 
 is parked per waiter, so the group a sync serves is as large as the number of tasks
 waiting, and releasing it costs one wake-up of the loop whatever its size.
 
-One commit thread per :class:`~persistlog.AsyncLog` does the storage work. A task whose
+One commit thread per :class:`~persistlog.AsyncLog` does the storage work, started by the
+first task that waits for a write (an AsyncLog in ``buffered`` mode whose tasks never wait
+has none). A task whose
 record must be written (``flush`` mode, a full batch) or made durable (``fsync`` mode,
 ``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
 every registration made so far, writes what is buffered (and syncs it if any of them asked
@@ -73,8 +75,8 @@ class LoopCommit:
         self._idle = False  # the thread sleeps on _cv: a registration must wake it
         self._want = 0  # the thread gathers: wake it once this many tasks wait
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._name = name
+        self._thread: threading.Thread | None = None  # started by the first request
 
     def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
         """A future resolved once the record at ``lsn`` is written (durable if asked), or
@@ -87,6 +89,10 @@ class LoopCommit:
         waiter = (lsn, durable, fut)
         waiting = self._waiting
         waiting.append(waiter)
+        if self._thread is None and not self._stopped:
+            # Only the loop's thread registers: no other request can start a second one.
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
         if self._stopped:
             # The thread may have ended before it saw this waiter: whoever removes it
             # answers it (the thread, if it took it first).
@@ -108,8 +114,9 @@ class LoopCommit:
     def stop(self) -> None:
         """Serve what is registered, then end the thread (blocks: never on the loop)."""
         self._wake()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
 
     def _wake(self) -> None:
         with self._cv:
