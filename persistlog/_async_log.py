@@ -66,9 +66,13 @@ class AsyncLog:
 
     def __init__(self, lg: Log, loop: asyncio.AbstractEventLoop) -> None:
         self._log = lg
-        self._parts = parts_of(lg)
+        self._parts = parts = parts_of(lg)
+        # The parts the hot path calls, one attribute away.
+        self._stage = parts.buffer.stage
+        self._writer = parts.writer
+        self._rotator = parts.rotator
         self._loop = loop
-        self._commit = LoopCommit(lg, self._parts.writer, loop, f"persistlog-commit {lg.url}")
+        self._commit = LoopCommit(lg, parts.writer, loop, f"persistlog-commit {lg.url}")
         self._signal: int | None = None
 
     # -- writing ------------------------------------------------------------------------
@@ -81,21 +85,27 @@ class AsyncLog:
         """
         if sync is not None and sync is not True and sync is not False:
             _check_sync(sync)
-        buffer, writer, rotator = self._parts[:3]
+        writer = self._writer
         try:
-            if rotator.gated:
+            if self._rotator.gated:
                 await self._pass_gate()
-            staged = buffer.stage(record)
-            if isinstance(staged, bytes):
+            # The hot path, as Log.update's: the buffer's one fast append, then the
+            # writer's hand-over rule (BatchWriter.waits) inlined, its commit the loop's.
+            staged = self._stage(record)
+            if isinstance(staged, int):
+                lsn, due = staged, False
+            elif isinstance(staged, tuple):
+                lsn, due = staged[0], True
+            else:
                 # Too big for the buffer as it stands: the slow path may write a batch first.
                 lsn, due = await self._offload(writer.staged, staged)
-            else:
-                lsn, due = writer.staged(staged)  # no storage work
-            if writer.waits(due, sync):
+            if sync or due:
                 # _written(), inlined: one coroutine less per awaited record (the hot path).
                 fut = self._commit.request(lsn, bool(sync) or writer.sync_each)
                 if fut is not None:
                     await fut
+            elif not writer.flush_armed:
+                writer.arm_flush()
             return lsn
         except HandedOver:
             await self._offload(self._wait_until_let_go)
@@ -110,7 +120,7 @@ class AsyncLog:
         written; if together they are more than one batch holds, ``ValueError``.
         """
         _check_sync(sync)
-        buffer, writer, rotator = self._parts[:3]
+        buffer, writer, rotator = self._parts.buffer, self._writer, self._rotator
         items, body = buffer.encode_many(records)
         if not items:
             return None
