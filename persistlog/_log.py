@@ -306,7 +306,7 @@ class Log:
             # waits), inlined here: two calls fewer per update (bench: update() against
             # the naive loop).
             staged = self._stage(record)
-            if isinstance(staged, int) and not sync:  # the usual case: the batch stays buffered
+            if type(staged) is int and not sync:  # the usual case: the batch stays buffered
                 if not self._writer.flush_armed:
                     self._writer.arm_flush()  # flushed one interval from now
                 return staged
