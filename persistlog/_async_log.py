@@ -1,8 +1,9 @@
 """The asyncio face of the log: :func:`open_async`, :class:`AsyncLog`, :func:`restore_async`.
 
-An AsyncLog is a :class:`~persistlog.Log` driven from an event loop. The loop's thread does
-CPU work only: it encodes a record into the Log's batch buffer (the same buffer, LSN
-counter and lock the sync API uses) and registers a future. Every storage operation runs
+An AsyncLog is a :class:`~persistlog.Log` driven from an event loop: a second front over
+the Log's parts (``_log.parts_of``), making the same calls as the Log's own methods. The
+loop's thread does CPU work only: it encodes a record into the Log's batch buffer (the
+same buffer, LSN counter and lock the sync API uses) and registers a future. Every storage operation runs
 elsewhere: writes and syncs on the AsyncLog's commit thread (``_loop_commit``), opening,
 closing, restoring and big records on the loop's default executor, flushes and
 rotations on the workers of persistlog's runtime (``_runtime``). So an fsync never stalls the loop, and one fsync
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ._api import OpenOptions, open, restore
 from ._errors import HandedOver
-from ._log import Log
+from ._log import HANDOVER_SEAL_WAIT, Log, parts_of
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll, Hold
@@ -65,8 +66,13 @@ class AsyncLog:
 
     def __init__(self, lg: Log, loop: asyncio.AbstractEventLoop) -> None:
         self._log = lg
+        self._parts = parts = parts_of(lg)
+        # The parts the hot path calls, one attribute away.
+        self._stage = parts.buffer.stage
+        self._writer = parts.writer
+        self._rotator = parts.rotator
         self._loop = loop
-        self._commit = LoopCommit(lg, loop, f"persistlog-commit {lg.url}")
+        self._commit = LoopCommit(lg, parts.writer, loop, f"persistlog-commit {lg.url}")
         self._signal: int | None = None
 
     # -- writing ------------------------------------------------------------------------
@@ -79,24 +85,30 @@ class AsyncLog:
         """
         if sync is not None and sync is not True and sync is not False:
             _check_sync(sync)
-        lg = self._log
+        writer = self._writer
         try:
-            if lg._rotator.gated:
+            if self._rotator.gated:
                 await self._pass_gate()
-            staged = lg._stage(record, False)
-            if type(staged) is bytes:
-                # Too big for the buffer as it stands: the slow path may write a batch first.
-                lsn, end = await self._offload(lg._append_encoded, [staged], False)
+            # The hot path, as Log.update's: the buffer's one fast append, then the
+            # writer's hand-over rule (BatchWriter.waits) inlined, its commit the loop's.
+            staged = self._stage(record)
+            if isinstance(staged, int):
+                lsn, due = staged, False
+            elif isinstance(staged, tuple):
+                lsn, due = staged[0], True
             else:
-                lsn, end = staged
-            if sync or lg._hand_over_due(lsn, end):
+                # Too big for the buffer as it stands: the slow path may write a batch first.
+                lsn, due = await self._offload(writer.staged, staged)
+            if sync or due:
                 # _written(), inlined: one coroutine less per awaited record (the hot path).
-                fut = self._commit.request(lsn, bool(sync) or lg._sync_each)
+                fut = self._commit.request(lsn, bool(sync) or writer.sync_each)
                 if fut is not None:
                     await fut
+            elif not writer.flush_armed:
+                writer.arm_flush()
             return lsn
         except HandedOver:
-            await self._offload(lg._wait_until_let_go)  # the Log's own rule, off the loop
+            await self._offload(self._wait_until_let_go)
             raise
 
     async def update_many(self, records: Iterable[Any], sync: bool | None = None) -> int | None:
@@ -108,33 +120,34 @@ class AsyncLog:
         written; if together they are more than one batch holds, ``ValueError``.
         """
         _check_sync(sync)
-        lg = self._log
-        items, body = lg._encode_many(records)
+        buffer, writer, rotator = self._parts.buffer, self._writer, self._rotator
+        items, body = buffer.encode_many(records)
         if not items:
             return None
-        if lg._rotator.gated:
+        if rotator.gated:
             await self._pass_gate()
         try:
-            staged = lg._stage_many(len(items), body)
+            staged = buffer.stage_many(len(items), body)
             if staged is None:
                 # Does not fit beside what is buffered: what is buffered is written first.
-                lsn, end = await self._offload(
-                    lambda: lg._append_encoded([lg._encode(item) for item in items], snapshot=False, whole=True)
-                )
+                lsn, due = await self._offload(writer.append_whole, items)
             else:
-                lsn, end = staged
-            if sync or lg._hand_over_due(lsn, end):
-                await self._written(lsn, bool(sync) or lg._sync_each)
+                lsn, due = staged
+            if writer.waits(due, sync):
+                await self._written(lsn, bool(sync) or writer.sync_each)
             return lsn
         except HandedOver:
-            await self._offload(lg._wait_until_let_go)  # the Log's own rule, off the loop
+            await self._offload(self._wait_until_let_go)
             raise
+
+    def _wait_until_let_go(self) -> None:
+        """The Log's own rule for a call told that the log was handed over (off the loop)."""
+        self._parts.lease.wait_let_go(HANDOVER_SEAL_WAIT)
 
     async def sync(self) -> None:
         """Make every record appended so far durable (fsync locally, PUT remotely)."""
-        lg = self._log
-        lg._check()
-        await self._written(lg.next_lsn - 1, True)
+        self._parts.writer.check()
+        await self._written(self._parts.buffer.next_lsn - 1, True)
 
     async def _written(self, lsn: int, durable: bool) -> None:
         """Return once the record at ``lsn`` is written (durable if asked), sharing the
@@ -153,9 +166,8 @@ class AsyncLog:
         log. Cancelling the awaiting task (or ``timeout``, which raises ``TimeoutError``)
         does not cancel the rotation.
         """
-        lg = self._log
-        lg._check()
-        rotator = lg._rotator
+        self._parts.writer.check()
+        rotator = self._parts.rotator
         if rotator.concurrent:
             fut = rotator.request(coalesce=False)
         else:
@@ -178,7 +190,7 @@ class AsyncLog:
         updates. See :meth:`Rotator.pass_gate`, the same step for threads."""
         import asyncio
 
-        rotator = self._log._rotator
+        rotator = self._parts.rotator
         while rotator.gated:
             hold, mine = rotator.claim_quiet_point()
             if hold is None:
@@ -198,9 +210,8 @@ class AsyncLog:
         right after its ``await update()``): then the state has every logged change."""
         import asyncio
 
-        lg = self._log
         # Durable: a task that asked for sync=True is told only then.
-        await self._written(lg.next_lsn - 1, True)
+        await self._written(self._parts.buffer.next_lsn - 1, True)
         # The acknowledgements just sent woke their tasks: one more pass of the loop runs
         # them before this one.
         await asyncio.sleep(0)
@@ -296,12 +307,8 @@ class AsyncLog:
         return asyncio.shield(wrapped)
 
     def _install_signal(self, signum: int) -> None:
-        lg = self._log
-
-        def handler() -> None:
-            lg._signal_from_loop()  # the Log's background job makes the rotation due
-
-        self._loop.add_signal_handler(signum, handler)
+        # The Log's background job makes the rotation due.
+        self._loop.add_signal_handler(signum, self._parts.signal_from_loop)
         self._signal = signum
 
 

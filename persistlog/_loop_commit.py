@@ -4,12 +4,14 @@ In an event loop a waiter is a future, and waking it is a callback on the loop: 
 is parked per waiter, so the group a sync serves is as large as the number of tasks
 waiting, and releasing it costs one wake-up of the loop whatever its size.
 
-One commit thread per :class:`~persistlog.AsyncLog` does the storage work. A task whose
+One commit thread per :class:`~persistlog.AsyncLog` does the storage work, started by the
+first task that waits for a write (an AsyncLog in ``buffered`` mode whose tasks never wait
+has none). A task whose
 record must be written (``flush`` mode, a full batch) or made durable (``fsync`` mode,
 ``sync=True``) registers ``(lsn, durable, future)`` and awaits the future. The thread takes
 every registration made so far, writes what is buffered (and syncs it if any of them asked
-for durability) through the Log's own write path (``_commit``, under the Log's I/O lock, so
-it interleaves safely with background flushes, rotations and threads using the Log
+for durability) through the Log's own write path (the batch writer's ``commit``, under its
+I/O lock, so it interleaves safely with background flushes, rotations and threads using the Log
 directly), then hands the whole group to the loop with one
 ``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
 records, the thread is already writing and syncing the ones that arrived during its last
@@ -38,6 +40,7 @@ from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
 if TYPE_CHECKING:
     import asyncio
 
+    from ._batch_writer import BatchWriter
     from ._log import Log
 
 log = logging.getLogger("persistlog")
@@ -57,10 +60,11 @@ class LoopCommit:
     :meth:`request` is called on the loop's thread; :meth:`stop` from any other thread.
     """
 
-    def __init__(self, lg: Log, loop: asyncio.AbstractEventLoop, name: str) -> None:
-        # Reached weakly, as the Log's background jobs reach it: a Log its app dropped unclosed
-        # can be collected (and sealed), and then this thread ends.
-        self._lg = weakref.ref(lg)
+    def __init__(self, lg: Log, writer: BatchWriter, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        """Commits for ``lg``'s batch ``writer``, whose waiters are futures of ``loop``."""
+        # Reached weakly, as the Log's background jobs reach the Log: a Log its app dropped
+        # unclosed can be collected (and sealed), and then this thread ends.
+        self._writer = weakref.ref(writer)
         weakref.finalize(lg, self._wake)
         self._loop = loop
         self._cv = threading.Condition(threading.Lock())
@@ -71,20 +75,24 @@ class LoopCommit:
         self._idle = False  # the thread sleeps on _cv: a registration must wake it
         self._want = 0  # the thread gathers: wake it once this many tasks wait
         self._stopped = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._name = name
+        self._thread: threading.Thread | None = None  # started by the first request
 
     def request(self, lsn: int, durable: bool) -> asyncio.Future[int] | None:
         """A future resolved once the record at ``lsn`` is written (durable if asked), or
         None if it already is."""
-        lg = self._lg()
-        assert lg is not None  # the AsyncLog asking holds its Log
-        if (lg._durable_lsn if durable else lg._written_lsn) > lsn:
+        writer = self._writer()
+        assert writer is not None  # the AsyncLog asking holds its Log
+        if (writer.durable_lsn if durable else writer.written_lsn) > lsn:
             return None
         fut: asyncio.Future[int] = self._loop.create_future()
         waiter = (lsn, durable, fut)
         waiting = self._waiting
         waiting.append(waiter)
+        if self._thread is None and not self._stopped:
+            # Only the loop's thread registers: no other request can start a second one.
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
         if self._stopped:
             # The thread may have ended before it saw this waiter: whoever removes it
             # answers it (the thread, if it took it first).
@@ -106,8 +114,9 @@ class LoopCommit:
     def stop(self) -> None:
         """Serve what is registered, then end the thread (blocks: never on the loop)."""
         self._wake()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join()
 
     def _wake(self) -> None:
         with self._cv:
@@ -135,19 +144,19 @@ class LoopCommit:
             started = time.monotonic()
             error: BaseException | None = None
             top = max(w[0] for w in group)
-            lg = self._lg()
+            writer = self._writer()
             try:
-                if lg is None:
+                if writer is None:
                     raise LogClosedError("the log was closed")
                 # Writes every record appended so far, theirs included, and syncs if any
                 # of them asked; it also holds them while a fired trigger switches logs.
-                lg._commit(top, durable=any(w[1] for w in group))
+                writer.commit(top, durable=any(w[1] for w in group))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
             else:
-                group += self._covered(lg)
-            del lg  # not held while idle
+                group += self._covered(writer)
+            del writer  # not held while idle
             last_sync = time.monotonic() - started
             expect = len(group) + len(self._waiting)
             try:
@@ -168,11 +177,11 @@ class LoopCommit:
         finally:
             self._want = 0
 
-    def _covered(self, lg: Log) -> list[_Waiter]:
+    def _covered(self, writer: BatchWriter) -> list[_Waiter]:
         """Take the waiters registered since the group was taken whose records the write just
         done covered anyway (appended before it took the buffer): this write answers them,
         not the next."""
-        durable, written = lg._durable_lsn, lg._written_lsn
+        durable, written = writer.durable_lsn, writer.written_lsn
         covered: list[_Waiter] = []
         for w in self._take():
             if (durable if w[1] else written) > w[0]:
@@ -193,7 +202,7 @@ class LoopCommit:
 
     def _resolve(self, group: list[_Waiter], error: BaseException | None, start: int = 0) -> None:
         """On the loop: tell every task of a group how its write went, a slice at a time."""
-        lg = self._lg()
+        writer = self._writer()
         end = start + _SLICE
         if end < len(group):
             # The rest after the tasks this slice wakes: a timer or a connection due
@@ -202,23 +211,23 @@ class LoopCommit:
         # Whether each record is covered, not whether this write raised: a close() that
         # sealed the records made them durable even if this sync found the log closed, and
         # their tasks must not be told they failed.
-        durable_lsn, written_lsn = (lg._durable_lsn, lg._written_lsn) if lg is not None else (-1, -1)
+        durable_lsn, written_lsn = (writer.durable_lsn, writer.written_lsn) if writer is not None else (-1, -1)
         for lsn, durable, fut in group[start:end]:
             if fut.done():  # its task was cancelled; the record was written all the same
                 continue
             if (durable_lsn if durable else written_lsn) > lsn:
                 fut.set_result(lsn)
             else:
-                fut.set_exception(_failure(lg, error))
+                fut.set_exception(_failure(writer, error))
 
 
-def _failure(lg: Log | None, error: BaseException | None) -> PersistLogError:
+def _failure(writer: BatchWriter | None, error: BaseException | None) -> PersistLogError:
     """The exception a waiting task raises: the same types as the sync API's, a fresh
     instance per task (one raised in many tasks would collect all their tracebacks)."""
-    if lg is None:
+    if writer is None:
         return LogClosedError("the log was closed")
     try:
-        lg._check()
+        writer.check()
     except PersistLogError as e:
         return e
     failed = LogFailedError(f"a write failed: {error}")

@@ -30,18 +30,18 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from . import _format as F
+from ._batch_buffer import NEVER
 from ._codec import records_list
 from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
 from ._retention import Retention, apply_retention
-from ._runtime import Runtime, weak_method
+from ._runtime import Job, Runtime, weak_method
 from ._segment_writer import move_pointer
 
 if TYPE_CHECKING:
-    from ._log import Log
+    from ._batch_buffer import BatchBuffer
+    from ._batch_writer import BatchWriter
 
 log = logging.getLogger("persistlog")
-
 
 
 class Emit:
@@ -95,9 +95,6 @@ class Emit:
 
 
 EnumerateAll = Callable[[Emit], Any]
-
-# A cut LSN no record reaches: the record-count cut is off.
-NEVER = 1 << 62
 
 # Seconds a held update waits for an enumeration that makes no progress (emits nothing and
 # does not return) before it gives up with EnumerationStalled: long enough for any real
@@ -156,11 +153,25 @@ class Hold:
 
 
 class Rotator:
-    """Owns the rotation job, the triggers and the record of past rotations."""
+    """Owns the rotation job, the triggers and the record of past rotations.
+
+    It works on the Log's batch buffer (where batches are cut) and batch writer (which
+    starts, completes and seals logs), never on the Log itself. The rotation job is made
+    at the first rotation requested.
+    """
+
+    __slots__ = (
+        "_buffer", "_writer", "_runtime", "concurrent", "gated", "_due", "_hold", "_holds", "enumerate_all",
+        "rotate_bytes", "rotate_records", "rotate_interval", "retention", "on_error", "on_complete",
+        "known_complete", "rotations", "failures", "last_rotation", "last_error", "rotating", "retaining",
+        "_snapshot_bytes", "_pointer_moved", "_started_at", "_mutex", "_queue", "_done", "_complete", "_stop",
+        "_job", "_runner", "__weakref__",
+    )
 
     def __init__(
         self,
-        lg: Log,
+        buffer: BatchBuffer,
+        writer: BatchWriter,
         enumerate_all: EnumerateAll,
         *,
         runtime: Runtime,
@@ -173,7 +184,9 @@ class Rotator:
         on_complete: Callable[[int, int], None] | None = None,
         concurrent: bool = False,
     ) -> None:
-        self.lg = lg
+        self._buffer = buffer
+        self._writer = writer
+        self._runtime = runtime
         #: Whether enumerations run beside updates (``concurrent_enumeration=True``), or
         #: at a quiet point with updates held (the default).
         self.concurrent = concurrent
@@ -203,7 +216,6 @@ class Rotator:
         # App threads take the plain lock: Condition's own __enter__ is Python code, and a
         # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
         self._mutex = threading.RLock()
-        self._cv = threading.Condition(self._mutex)
         self._queue: list[Future[int]] = []
         # Per request, a lock released once it is done (retention included), and one
         # released once its log is complete: rotate() waits on the first, open() on the
@@ -212,10 +224,9 @@ class Rotator:
         self._complete: dict[Future[int], threading.Lock] = {}
         self._stop = False
         # Rotations run on the runtime's workers, one of this Log's at a time (a long job:
-        # enumerate_all is app code that may take minutes). The job holds the Rotator (and
-        # so the Log) only while it runs: between rotations an unreferenced Log can be
-        # collected.
-        self._job = runtime.job(weak_method(self._serve), f"persistlog-rotation {lg.dest.url}", long=True)
+        # enumerate_all is app code that may take minutes), made at the first request. The
+        # job holds the Rotator only while it runs.
+        self._job: Job | None = None
         # The worker running this Log's rotation, while one runs (enumerate_all, on_error,
         # on_complete and retention included): what "inside enumerate_all" means.
         self._runner: threading.Thread | None = None
@@ -268,7 +279,11 @@ class Rotator:
                 self._due = False
                 self.gated = True
             self._queue.append(fut)
-            self._job.run_soon()
+            job = self._job
+            if job is None:
+                job = self._job = self._runtime.job(
+                    weak_method(self._serve), f"persistlog-rotation {self._writer.dest.url}", long=True)
+            job.run_soon()
             return fut
 
     # -- the quiet point ----------------------------------------------------------------
@@ -322,7 +337,10 @@ class Rotator:
                 except BaseException:
                     self.give_up(hold)
                     raise
-            hold.wait(lambda: self.lg.next_lsn)
+            hold.wait(self._next_lsn)
+
+    def _next_lsn(self) -> int:
+        return self._buffer.next_lsn
 
     def _let_go_of(self, fut: Future[int]) -> None:
         """Release the updates ``fut``'s rotation holds, if any."""
@@ -352,12 +370,12 @@ class Rotator:
         complete log holding a fresh snapshot and nothing after it: restore starts there
         and reads this one after it, and the next trigger's rotation makes a new
         complete log as usual."""
-        lg = self.lg
-        seq = lg.seq + 1
-        lg._start_log(seq)
+        writer = self._writer
+        seq = writer.seq + 1
+        writer.start_log(seq)
         self._arm_records(False)
         log.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
-                 seq, lg.dest.url, seq - 1)
+                 seq, writer.dest.url, seq - 1)
         return seq
 
     def _finished(self, fut: Future[int]) -> None:
@@ -379,47 +397,47 @@ class Rotator:
         log overshoots a trigger by at most about one batch (``batch_bytes``). A trigger
         crossed while the log's own enumeration still runs fires when it ends.
         """
-        lg = self.lg
-        sw = lg._current_writer
+        writer, buffer = self._writer, self._buffer
+        sw = writer.current
         if sw is None:
             return
-        records_due = self.rotate_records is not None and lg._log_update_records >= self.rotate_records
+        records_due = self.rotate_records is not None and writer.log_update_records >= self.rotate_records
         # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
         # head of the queue is done once it is retaining; the others have not started.
         if self._due or len(self._queue) > 1 or (self._queue and not self.retaining):
             # Whole batches while a rotation is due or enumerating; this runs again after
             # it. (One only deleting old logs has a complete log already: queue the next.)
-            lg._cut_batches_at(None)
+            buffer.cut_batches_at(None)
             self._arm_records(records_due)
             return
         log_bytes = sw.bytes_written - self._snapshot_bytes
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
             self._arm_records(True)
-            lg._cut_batches_at(None)
+            buffer.cut_batches_at(None)
             if not self.concurrent:
                 self.trigger()  # the app's next call starts it, with updates held
                 return
             # Set before the request: the rotation job may switch before it returns.
-            lg._hold_writers_for_switch()
+            writer.hold_writers_for_switch()
             self.request()
             if self._stop:  # refused: the log is closing
                 self._switched()
             return
         self._arm_records(False)
         if self.rotate_bytes is not None:
-            lg._cut_batches_at(self.rotate_bytes - log_bytes)
+            buffer.cut_batches_at(self.rotate_bytes - log_bytes)
 
     def _arm_records(self, off: bool) -> None:
         """Have update() hand its batch over at the record-count trigger (buffered mode)."""
-        lg = self.lg
+        writer = self._writer
         if off or self.rotate_records is None:
-            lg._cut_at_lsn(NEVER)
+            self._buffer.cut_at_lsn(NEVER)
         else:
-            lg._cut_at_lsn(lg._written_lsn + self.rotate_records - lg._log_update_records - 1)
+            self._buffer.cut_at_lsn(writer.written_lsn + self.rotate_records - writer.log_update_records - 1)
 
     def _switched(self) -> None:
         """Release the writers a fired trigger holds (the new log is started, or will not be)."""
-        self.lg._release_writers_held_for_switch()
+        self._writer.release_writers_held_for_switch()
 
     def check_interval(self) -> None:
         if self.rotate_interval is None or self.rotating or self._queue or self._due:
@@ -471,7 +489,7 @@ class Rotator:
 
     def _serve_head(self) -> bool:
         """Run the rotation at the head of the queue; False if there is none."""
-        with self._cv:
+        with self._mutex:
             if not self._queue:
                 return False
             fut = self._queue[0]
@@ -497,10 +515,9 @@ class Rotator:
                     done = True
         finally:
             self._let_go_of(fut)
-            with self._cv:
+            with self._mutex:
                 self._queue.pop(0)
                 self.rotating = False
-                self._cv.notify_all()
             self._finished(fut)
         if done:
             # Batches written while this rotation ran skipped the size and count checks;
@@ -509,17 +526,17 @@ class Rotator:
         return True
 
     def _rotate(self, fut: Future[int]) -> int:
-        lg = self.lg
+        writer = self._writer
         started = time.monotonic()
         self._started_at = started
-        seq = lg.seq + 1
+        seq = writer.seq + 1
         try:
-            lg._start_log(seq)
+            writer.start_log(seq)
             self._arm_records(False)
         finally:
             self._switched()
         self._snapshot_bytes = 0
-        emit = Emit(lg._emit, lg._emit_many)
+        emit = Emit(writer.emit, writer.emit_many)
         try:
             self.enumerate_all(emit)
         except BaseException as e:
@@ -527,7 +544,7 @@ class Rotator:
             self._let_go_of(fut)
             self.failures += 1
             self.last_error = e
-            if isinstance(e, LogFailedError) or lg.failed is not None:
+            if isinstance(e, LogFailedError) or writer.failed is not None:
                 raise
             log.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
             if self.on_error is not None:
@@ -539,14 +556,8 @@ class Rotator:
         emit.close()
         emitted = emit.count
         self._let_go_of(fut)  # held updates go on: the snapshot has read the state
-        with lg._io_lock:
-            lg._check()
-            lg._append_control({"t": F.CONTROL_COMPLETE, "records": emitted})
-            complete_lsn = lg._mark_complete()
-            lg._sync_primary()
-            sw = lg._current_writer
-            self._snapshot_bytes = sw.bytes_written if sw is not None else 0
-        self._pointer_moved = move_pointer(lg.dest, seq)
+        complete_lsn, self._snapshot_bytes = writer.complete_log(emitted)
+        self._pointer_moved = move_pointer(writer.dest, seq)
         self.known_complete.append(seq)
         self.rotations += 1
         self.last_rotation = {
@@ -555,7 +566,7 @@ class Rotator:
             "seconds": round(time.monotonic() - started, 6),
             "finished": time.time(),
         }
-        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, lg.dest.url, emitted,
+        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted,
                  self.last_rotation["seconds"])
         if self.on_complete is not None:
             self.on_complete(seq, complete_lsn)
@@ -565,12 +576,12 @@ class Rotator:
         if not self._pointer_moved:
             # Old logs go only once a newer complete log *and its pointer* are durable
             # (docs/DESIGN.md invariant 4): wait for a rotation whose CURRENT move succeeds.
-            log.warning("retention at %s postponed: CURRENT was not moved", self.lg.dest.url)
+            log.warning("retention at %s postponed: CURRENT was not moved", self._writer.dest.url)
             return
         try:
-            apply_retention(self.lg.dest, self.known_complete, self.retention, self.lg.seq)
+            apply_retention(self._writer.dest, self.known_complete, self.retention, self._writer.seq)
         except BaseException as e:  # the rotation job must outlive anything retention meets
-            log.warning("retention at %s failed (will retry after the next rotation): %s", self.lg.dest.url, e)
+            log.warning("retention at %s failed (will retry after the next rotation): %s", self._writer.dest.url, e)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
@@ -588,10 +599,16 @@ class Rotator:
                 self._finished(fut)
             del self._queue[start:]
             self._due = False
-            self._cv.notify_all()
         for fut in dropped:
             self._let_go_of(fut)
         self._switched()
-        self._job.cancel()
-        if not self._job.wait_idle(timeout):
-            log.warning("closing %s without waiting any longer for the rotation in progress", self.lg.dest.url)
+        job = self._job
+        if job is None:
+            return
+        job.cancel()
+        if not job.wait_idle(timeout):
+            log.warning("closing %s without waiting any longer for the rotation in progress", self._writer.dest.url)
+
+    def idle(self) -> bool:
+        """Whether no rotation runs or waits (retention included)."""
+        return not self.rotating and not self._queue

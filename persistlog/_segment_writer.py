@@ -166,6 +166,12 @@ class SegmentWriter:
     def flush(self) -> None:
         """Hand what was appended to the storage (the OS, or a PUT)."""
 
+    @property
+    def holds_pending(self) -> bool:
+        """Whether appended bytes wait in this writer for a :meth:`flush` (an object
+        store's segment object not yet PUT)."""
+        return False
+
     def sync(self) -> None:
         """Make everything appended durable."""
         raise NotImplementedError
@@ -377,6 +383,10 @@ class ObjectSegments(SegmentWriter):
     @property
     def pending_bytes(self) -> int:
         return sum(len(p) for p in self._pending)
+
+    @property
+    def holds_pending(self) -> bool:
+        return bool(self._pending)
 
     def flush(self) -> None:
         self._settle()

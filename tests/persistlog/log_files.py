@@ -17,6 +17,7 @@ from batches import batch_offsets
 from persistlog import _decoder
 from persistlog import _exit as persistlog_exit
 from persistlog import _format as F
+from persistlog._log import parts_of
 
 # -- crashes ------------------------------------------------------------------------------
 
@@ -31,21 +32,20 @@ def crash(lg: persistlog.Log) -> None:
     also lose unsynced OS data (a power loss), cut the newest segment afterwards with
     :func:`truncate`.
     """
+    parts = parts_of(lg)
     lg._stop_background()
-    lg._rotator.close()
+    parts.rotator.close()
     lg._restore_signal()
-    with lg._io_lock:
+    with parts.writer.io_lock:
         # Records still pending in the Log's memory are simply never written.
-        sw = lg._current_writer
+        sw = parts.writer.current
         f = getattr(sw, "_file", None)
         if f is not None:
             with f._lock:
                 f._buffer.clear()
             f.close()
-        lg._closed = True
-        if hasattr(lg, "_blocked"):
-            lg._blocked = True
-    lg._release()
+        parts.writer.close_to_updates()
+    parts.lease.release()
     lg.dest.close()
     # A killed process seals nothing at its exit.
     lg._close_done = True
@@ -108,7 +108,7 @@ def fill_disk(lg: persistlog.Log) -> None:
     descriptor now points at ``/dev/full`` (every write fails with ENOSPC, for real). The
     test process holds a few logs, far under the open-file cache's limit: the descriptor
     stays open, so the swap lasts."""
-    f = lg._current_writer._file._file  # type: ignore[union-attr]
+    f = parts_of(lg).writer.current._file._file  # type: ignore[union-attr]
     full = os.open("/dev/full", os.O_WRONLY)
     try:
         os.dup2(full, f.fileno())

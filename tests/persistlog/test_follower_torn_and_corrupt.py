@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import persistlog
+from persistlog._log import parts_of
 from batches import batch_spans
 from kv_app import apply
 from follower_harness import Writer
@@ -184,5 +185,5 @@ def test_undecodable_records_are_corruption_for_followers(tmp_path: Path) -> Non
     skipping = persistlog.follow(url, got.append, recovery="skip")
     skipping.poll()
     assert got[-1] == 1  # the batch after the damaged one
-    w.log._failed = RuntimeError("the test wrote into the live segment")  # do not seal over it
+    parts_of(w.log).writer.fail(RuntimeError("the test wrote into the live segment"))  # do not seal over it
     w.close()

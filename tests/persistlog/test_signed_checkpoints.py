@@ -30,6 +30,7 @@ from destinations import open_destination
 from persistlog import _format as F
 from persistlog._audit import audit
 from persistlog._destination_check import inspect_destination
+from persistlog._log import parts_of
 from persistlog._signing import Signer, Verifier
 from persistlog.cli import main
 
@@ -242,7 +243,8 @@ def test_the_signing_key_shows_nowhere(log_dir: str, tmp_path: Any) -> None:
     secrets = [private.hex(), pem.decode().splitlines()[1], repr(private)]
     lg = persistlog.open(log_dir, lambda emit: None, signing_key=pem, sign_interval=1e-9)
     lg.update({"k": 1})
-    shown = [repr(lg), repr(lg._checkpoints), repr(lg._checkpoints.signer), str(lg.stats())]
+    checkpoints = parts_of(lg).writer._checkpoints
+    shown = [repr(lg), repr(checkpoints), repr(checkpoints.signer), str(lg.stats())]
     lg.close()
     shown += [cli("info", log_dir, "--json")[1], cli("dump", log_dir, "--control", "--json")[1]]
     with pytest.raises(ValueError) as bad:

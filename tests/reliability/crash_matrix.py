@@ -43,6 +43,7 @@ from crashsim import CrashSim, SimulatedCrash  # noqa: E402
 from kv_app import App, prefix_states, restore_state  # noqa: E402
 
 import persistlog  # noqa: E402
+from persistlog._log import parts_of  # noqa: E402
 
 POWER_MODES = ("process", "drop", "zeros", "partial")
 
@@ -277,8 +278,9 @@ def rotate(lg: persistlog.Log, sim: CrashSim) -> int:
     the app's threads would be dead too, but here the app's thread goes on and would wait
     for a rotation nobody will run.
     """
-    lg._check()
-    fut = lg._rotator.request(coalesce=False)
+    parts = parts_of(lg)
+    parts.writer.check()
+    fut = parts.rotator.request(coalesce=False)
     while True:
         try:
             return fut.result(0.05)
@@ -290,10 +292,12 @@ def rotate(lg: persistlog.Log, sim: CrashSim) -> int:
 def wait_idle(lg: persistlog.Log, timeout: float = 30.0) -> None:
     """Wait until the rotation thread (and the retention it runs after a rotation) is idle,
     so the I/O sequence of the workload is the same on every run."""
-    r = lg._rotator
-    with r._cv:
-        if not r._cv.wait_for(lambda: not r.rotating and not r._queue, timeout):
+    r = parts_of(lg).rotator
+    deadline = time.monotonic() + timeout
+    while not r.idle():
+        if time.monotonic() > deadline:
             raise TimeoutError("rotation thread did not go idle")
+        time.sleep(0.005)
 
 
 # -- the matrix -------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from crash_matrix import Model, check_prefix
 
 import persistlog
 from persistlog import LogFailedError
+from persistlog._log import parts_of
 
 FSYNC = dict(durability="fsync", segment_bytes=4096, flush_interval=3600.0, rotate_bytes=None, retain=1)
 PAD = "p" * 120
@@ -396,7 +397,9 @@ def test_interrupted_waiter_does_not_strand_the_others(tmp_path: Path) -> None:
     def interrupt() -> None:
         for t in followers:
             t.start()
-        wait_until(lambda: len(lg._group._waiters) == 5, describe="five parked threads")
+        writer = parts_of(lg).writer
+        wait_until(lambda: writer._group is not None and len(writer._group._waiters) == 5,
+                   describe="five parked threads")
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
         time.sleep(0.05)
         release.set()
