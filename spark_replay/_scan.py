@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
@@ -422,7 +422,7 @@ def _whole_log_into(unit: LogToPlan, part: LogPartition, cols: _Columns) -> Iter
         else:
             st = rng.scanner.state
             assert st.first_lsn is not None  # a strict scan has raised otherwise
-            rng.part = replace(part, base_from=replay_base(st.first_lsn, st.complete_lsn))
+            part.base_from = replay_base(st.first_lsn, st.complete_lsn)  # the task's own copy
             yield from _rows_into(rng, held, cols)
             return
     finally:
