@@ -9,7 +9,7 @@ Records become JSON text by the rule of ``docs/JSON.md`` (:mod:`persistlog._json
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -83,7 +83,7 @@ class _Range:
         number = parsed[1] if parsed else None
         self.problems.append(Problem(part.seq, number, segment, offset, length, "skipped", reason))
 
-    def batches(self) -> Iterator[Batch]:
+    def batches(self) -> Generator[Batch, None, None]:
         """The batches inside the range, then the end-of-range checks."""
         part = self.part
         end = part.end
