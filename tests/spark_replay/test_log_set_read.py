@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -212,3 +214,43 @@ def test_a_task_reads_small_logs_in_one_pass_as_the_driver_would_plan_them(tmp_p
     # A log bigger than WHOLE_LOG_BYTES, or read with bounds, takes the survey.
     bounded = replace(opts, to_lsn=3)
     assert all(u.whole() is None for p in plan(bounded) for u in p.units if isinstance(u, LogToPlan))
+
+
+def test_a_small_log_that_follows_a_declared_gap_is_read_as_the_driver_plans_it(tmp_path: Path) -> None:
+    """A key whose only log says in its header that it follows a gap (a secondary's writer
+    declared it; here the writer died before that log held a record): the task meets the
+    header, plans the log as the driver would, and the set reads as the driver's plan reads
+    it, with no error."""
+    from crashsim import CrashSim
+    from secondary_crashes import crash_with_secondary_behind, restart_and_crash_on_the_secondary
+
+    from persistlog import _format as F
+
+    sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
+    restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)
+    newest = max(p[0] for p in map(F.parse_segment_name, os.listdir(sec_url)) if p is not None)
+    root = tmp_path / "set"
+    logset = persistlog.LogSet(root)
+    for key, seqs in (("after-gap", {newest}), ("whole", None)):
+        target = Path(logset.url(key))
+        target.mkdir(parents=True)
+        for src in Path(sec_url).iterdir():
+            parsed = F.parse_segment_name(src.name)
+            if parsed is not None and (seqs is None or parsed[0] in seqs):
+                shutil.copy(src, target / src.name)
+    opts = replace(ReadOptions.parse({"path": str(root), "convention": "resource"}), log_set=True)
+    parts = plan(opts)
+    gap_unit = next(u for p in parts for u in p.units if u.log_key == "after-gap")
+    assert isinstance(gap_unit, LogToPlan) and gap_unit.whole() is not None
+    surveyed = [
+        SetPartition(tuple(r for u in p.units for r in (u.partitions() if isinstance(u, LogToPlan) else [u])))
+        for p in parts
+    ]
+
+    def rows(tasks: list[SetPartition]) -> list[tuple[Any, ...]]:
+        got = [r for p in tasks for b in read_set(p, "records") for r in pa.Table.from_batches([b]).to_pylist()]
+        return sorted((r["log_key"], r["log_seq"], r["lsn"], r["base_log"], r["record"]) for r in got)
+
+    one_pass = rows(parts)
+    assert one_pass == rows(surveyed)
+    assert {r[0] for r in one_pass} == {"whole"}  # nothing after the gap is complete yet
