@@ -76,8 +76,9 @@ complete log; ``from_lsn``/``to_lsn``: in each log's LSNs). A single log's schem
 not supported yet: the query fails saying so.
 
 ``spark.readStream.format("persistlog").load(url)`` follows the live log with the same
-columns and options, plus ``startingPosition`` (``restore``, ``earliest``, ``latest`` or a
-cursor), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``
+columns and options, plus ``startingPosition`` (``restore``, ``earliest``, ``latest``, an
+LSN, a commit time with its UTC offset, or a cursor; an LSN or time the logs do not hold
+fails with :class:`persistlog.PositionError`), ``maxRecordsPerTrigger``/``maxBytesPerTrigger`` and ``onRetentionGap``
 (``fail`` or ``restore``); its offsets are follower cursors (:mod:`spark_replay._stream`).
 """
 

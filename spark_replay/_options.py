@@ -7,7 +7,10 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+
+from persistlog._cursor import Cursor
 
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
 MIN_PARTITION_BYTES = 64 * 1024
@@ -160,8 +163,8 @@ class StreamOptions:
     """What one ``spark.readStream.format("persistlog")`` was asked to follow."""
 
     read: ReadOptions
-    #: ``restore``, ``earliest``, ``latest``, or a cursor (``log:segment:offset:next_lsn``
-    #: or its JSON object form).
+    #: ``restore``, ``earliest``, ``latest``, an LSN, a commit time, or a cursor
+    #: (:func:`starting_position`).
     starting_position: str = "restore"
     max_records: int | None = None
     max_bytes: int | None = None
@@ -185,6 +188,7 @@ class StreamOptions:
         start = str(opts.get("startingposition") or "restore").strip()
         if start.lower() in STARTING_POSITIONS:
             start = start.lower()
+        starting_position(start)  # a bad one fails here, before the query starts
         max_bytes = opts.get("maxbytespertrigger")
         return cls(
             read=read,
@@ -194,6 +198,38 @@ class StreamOptions:
             on_retention_gap=_choice(opts, "onretentiongap", ON_RETENTION_GAP),
             wait_for_log=_choice(opts, "waitforlog", ("false", "true")) == "true",
         )
+
+
+def starting_position(value: str) -> str | int | datetime | Cursor:
+    """What option ``startingPosition`` names: ``restore``, ``earliest`` or ``latest`` (as
+    they are), an LSN (``"1200"``), a commit time (an ISO 8601 time with its offset, such
+    as ``"2026-11-27T05:00:00Z"``, or an aware ``datetime``, which Spark passes as its
+    text), or a follower cursor (``log:segment:offset:next_lsn`` or its JSON object).
+    ``ValueError`` names the forms for anything else."""
+    text = value.strip()
+    if text.lower() in STARTING_POSITIONS:
+        return text.lower()
+    forms = (
+        "option startingPosition must be restore, earliest, latest, an LSN (such as 1200), a "
+        "commit time with its UTC offset (such as 2026-11-27T05:00:00Z) or a cursor "
+        "('log:segment:offset:next_lsn' or its JSON object)"
+    )
+    if re.fullmatch(r"[+-]?\d+", text):
+        lsn = int(text)
+        if lsn < 1:
+            raise ValueError(f"{forms}, not {value!r} (LSNs start at 1)")
+        return lsn
+    try:
+        if text.startswith("{"):
+            return Cursor.from_dict(json.loads(text))
+        if text.count(":") == 3 and "-" not in text:
+            return Cursor.parse(text)
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{forms}, not {value!r}") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"{forms}, not {value!r}: a time must say its UTC offset (Z or +HH:MM)")
+    return when
 
 
 def _byte_count(name: str, value: Any, minimum: int) -> int:

@@ -49,6 +49,9 @@ SET_THREADS = 16
 # it could have read instead (about 0.3 ms, the time of ~40 KiB of small records): a set
 # of many small logs is spread over every core, as a big log is.
 LOG_COST_BYTES = 48 * 1024
+# A set's logs up to this size are read in one pass with no survey: the task holds the
+# log's batches until its end says from where its rows can start a replay.
+WHOLE_LOG_BYTES = 1024 * 1024
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -256,18 +259,18 @@ def _survey_log(
     dest: Destination,
     opts: ReadOptions,
     listing: dict[int, list[tuple[int, str]]] | None = None,
+    sizes: dict[str, int] | None = None,
 ) -> _LogRead:
     """Which logs of ``dest`` the read takes, checked, with their segments' sizes.
 
-    ``listing`` is the one a log set's planning already took. The start of each log's
-    first segment is read once, here: its first LSN, whether it follows a gap, and (where
-    the snapshot is small) its complete marker."""
+    ``listing`` (and ``sizes``, by name) are those a log set's planning already took. The
+    start of each log's first segment is read once, here: its first LSN, whether it
+    follows a gap, and (where the snapshot is small) its complete marker."""
     if listing is None:
         listing = list_logs(dest)
-    sizes: dict[str, int] | None = None
-    if dest.appendable:
+    if sizes is None and dest.appendable:
         # A stat each: the start of every log and the sizes of the logs kept use them.
-        sizes = {name: dest.size(name) for segments in listing.values() for _n, name in segments}
+        sizes = _sizes_of(dest, listing)
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
@@ -305,6 +308,11 @@ def _survey_log(
     return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete)
 
 
+def _sizes_of(dest: Destination, listing: dict[int, list[tuple[int, str]]]) -> dict[str, int]:
+    """Every listed segment's size, by name (a stat each: for a local destination)."""
+    return {name: dest.size(name) for segments in listing.values() for _n, name in segments}
+
+
 def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
     """``fn`` over ``items``, overlapped on a pool when there is more than one."""
     if len(items) <= 1:
@@ -340,12 +348,18 @@ def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str 
         from_start = opts.from_lsn is None or (lg.first_lsn is not None and opts.from_lsn <= lg.first_lsn)
         base_from: int | None = None
         if from_start and lg.first_lsn is not None:
-            # The first log ever holds the whole history: any point in it can be replayed.
-            base_from = 0 if lg.first_lsn == F.FIRST_LSN else lg.complete_lsn
+            base_from = replay_base(lg.first_lsn, lg.complete_lsn)
         parts.extend(_partitions(lg, opts, dest.url, target, next_first[lg.seq], base_from, prev_base, log_key))
         if base_from is not None:
             prev_base = lg.seq
     return parts
+
+
+def replay_base(first_lsn: int, complete_lsn: int | None) -> int | None:
+    """From which LSN on the rows of a log that starts at ``first_lsn`` (and whose snapshot
+    ends at ``complete_lsn``) can start a replay (None: none can)."""
+    # The first log ever holds the whole history: any point in it can be replayed.
+    return 0 if first_lsn == F.FIRST_LSN else complete_lsn
 
 
 def _partitions(
@@ -400,11 +414,73 @@ def _partitions(
 
 
 @dataclass(repr=False)
-class SetPartition(InputPartition):
-    """One task's share of a log set: ranges of its logs, planned on the driver, read in
-    turn (a small log is one range, read whole)."""
+class LogToPlan:
+    """A small local log of a set, listed and sized on the driver and planned by the task
+    that reads it (its start walked, its ranges cut): what the driver would plan, planned
+    on the executors, in parallel, and beside the read of the same bytes.
 
-    units: tuple[LogPartition, ...] = ()
+    Only logs no bigger than a task's share are left so: they never need splitting, so
+    the driver's packing of tasks by bytes is the same as if it had planned them."""
+
+    url: str
+    log_key: str
+    opts: ReadOptions
+    listing: dict[int, list[tuple[int, str]]]
+    sizes: dict[str, int]
+    target: int
+    nbytes: int
+
+    def __repr__(self) -> str:
+        # Never print storage options (in opts): they may hold credentials.
+        return f"LogToPlan(key={self.log_key!r}, {len(self.listing)} log(s), ~{self.nbytes} bytes)"
+
+    def whole(self) -> LogPartition | None:
+        """The range of a small log that a task reads in one pass, before it knows from
+        where its rows can start a replay (``base_from`` is then set from what the scan
+        found: :func:`replay_base`); None when the log takes the survey.
+
+        That is a strict read of all of one log of at most ``WHOLE_LOG_BYTES`` whose
+        segments are all there, with no LSN bounds: nothing a survey would find can then
+        drop or cut the range (a log whose header says it follows a gap is the one
+        exception, and the reader turns to :meth:`partitions` when it meets one)."""
+        o = self.opts
+        if (
+            len(self.listing) != 1
+            or self.nbytes > WHOLE_LOG_BYTES
+            or (o.recovery, o.logs, o.view) != ("strict", "all", "records")
+            or o.from_lsn is not None
+            or o.to_lsn is not None
+        ):
+            return None
+        ((seq, segments),) = self.listing.items()
+        if [n for n, _name in segments] != list(range(len(segments))):
+            return None
+        return LogPartition(
+            url=self.url, storage_options=o.storage_options, seq=seq, last_segment=segments[-1][0],
+            missing=(), start=(0, 0, None), end=None, next_log_lsn=None, base_from=None,
+            prev_base=None, from_lsn=None, to_lsn=None, recovery=o.recovery,
+            convention=o.convention, view=o.view, nbytes=self.nbytes, log_key=self.log_key,
+        )
+
+    def partitions(self) -> list[LogPartition]:
+        """The log's ranges, as :func:`plan_set` plans a log it surveys itself."""
+        dest = open_destination(self.url, **self.opts.storage_options)
+        try:
+            read = _survey_log(dest, self.opts, self.listing, self.sizes)
+            return _partitions_of(read, self.opts, self.target, self.log_key)
+        except FileNotFoundError as e:
+            raise _vanished(e, dest.url) from e
+        finally:
+            dest.close()
+
+
+@dataclass(repr=False)
+class SetPartition(InputPartition):
+    """One task's share of a log set: ranges of its logs, planned on the driver, and small
+    local logs planned by the task (:class:`LogToPlan`), read in turn (a small log is one
+    range, read whole)."""
+
+    units: tuple[LogPartition | LogToPlan, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -416,19 +492,40 @@ class SetPartition(InputPartition):
 
     def ranges(self) -> Iterator[LogPartition]:
         """Every range this task reads, in order."""
-        yield from self.units
+        for unit in self.units:
+            if isinstance(unit, LogToPlan):
+                yield from unit.partitions()
+            else:
+                yield unit
+
+
+@dataclass
+class _Listed:
+    """A key's log as listed (and, locally, sized) on the driver, not yet surveyed."""
+
+    key: str
+    dest: Destination
+    listing: dict[int, list[tuple[int, str]]]
+    sizes: dict[str, int] | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.sizes.values()) if self.sizes is not None else 0
 
 
 def plan_set(opts: ReadOptions) -> list[SetPartition]:
     """The partitions of a read of every log of the log set at ``opts.url``.
 
-    The keys are listed shard by shard (``LogSet.keys``), then each key's log is surveyed
-    as a read of one log is, once: its directory listed, its segments sized, and the start
-    of each of its logs read (first LSN, gap, complete marker: one read where the snapshot
-    is small), on a remote store ``SET_THREADS`` keys at once. The share per task is worked
-    out from the bytes of the whole set; a log bigger than a share is cut into ranges.
-    Tasks take ranges in key order up to the share, so that a set of many small logs is
-    spread over every core as a big log is, and a task only reads.
+    The keys are listed shard by shard (``LogSet.keys``), then each key's directory is
+    listed. On a remote store each key's log is then surveyed here as a read of one log
+    is, once (its segments sized, and the start of each of its logs read: first LSN, gap,
+    complete marker), ``SET_THREADS`` keys at once. Locally the listing's sizes come with
+    it (a stat each), and a log no bigger than a task's share is left to the task that
+    reads it to survey (:class:`LogToPlan`): the per-log Python then runs on every core
+    rather than on the driver alone. The share per task is worked out from the bytes of
+    the whole set; a log bigger than a share is surveyed here and cut into ranges. Tasks
+    take ranges in key order up to the share, so that a set of many small logs is spread
+    over every core as a big log is.
     """
     logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
     keys = list(logset.keys())
@@ -437,7 +534,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     local = root.appendable
     root.close()
 
-    def survey(key: str) -> _LogRead | None:
+    def listed(key: str) -> _Listed | None:
         dest = open_destination(logset.url(key), **opts.storage_options)
         try:
             listing = list_logs(dest)
@@ -445,7 +542,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
                 log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
                 dest.close()
                 return None
-            return _survey_log(dest, single, listing)
+            return _Listed(key, dest, listing, _sizes_of(dest, listing) if dest.appendable else None)
         except FileNotFoundError as e:
             dest.close()
             raise _vanished(e, dest.url) from e
@@ -453,24 +550,47 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
             dest.close()
             raise
 
-    reads: list[tuple[str, _LogRead]] = []
+    def survey(item: _Listed) -> tuple[str, _LogRead]:
+        try:
+            return item.key, _survey_log(item.dest, single, item.listing, item.sizes)
+        except FileNotFoundError as e:
+            raise _vanished(e, item.dest.url) from e
+
+    units: list[LogPartition | LogToPlan] = []
+    nbytes = 0
+    found: list[_Listed] = []
     # Thousands of small objects per thousand logs: the cyclic GC is paused meanwhile, as
     # during a replay (it would scan the driver's whole heap over and over).
-    with gc_pause.during_replay(), _closing(reads):
-        for key, read in zip(keys, _map_logs(survey, keys, local)):
-            if read is not None:
-                reads.append((key, read))
-        found = [(key, read) for key, read in reads if read.nbytes]
-        target = split_bytes(sum(read.nbytes + LOG_COST_BYTES for _key, read in found), opts)
+    with gc_pause.during_replay(), _closing(found):
+        found.extend(item for item in _map_logs(listed, keys, local) if item is not None)
+        if local:
+            # Sizes are known: the share per task, and which logs a task surveys itself.
+            target = split_bytes(sum(item.nbytes + LOG_COST_BYTES for item in found if item.nbytes), opts)
+            small = {item.key for item in found if item.nbytes <= target}
+            reads = [survey(item) for item in found if item.key not in small]
+        else:
+            reads = _map_logs(survey, found, local)
+            target = split_bytes(sum(read.nbytes + LOG_COST_BYTES for _key, read in reads if read.nbytes), opts)
+            small = set()
+        surveyed = dict(reads)
 
-        def ranges(item: tuple[str, _LogRead]) -> list[LogPartition]:
-            key, read = item
+        def ranges(item: _Listed) -> list[LogPartition] | list[LogToPlan]:
+            if item.key in small:
+                assert item.sizes is not None
+                if not item.nbytes:
+                    return []
+                return [LogToPlan(item.dest.url, item.key, single, item.listing, item.sizes, target, item.nbytes)]
+            read = surveyed[item.key]
+            if not read.nbytes:
+                return []
             try:
-                return _partitions_of(read, single, target, key)
+                return _partitions_of(read, single, target, item.key)
             except FileNotFoundError as e:
                 raise _vanished(e, read.dest.url) from e
 
-        units = [unit for planned in _map_logs(ranges, found, local) for unit in planned]
+        for planned in _map_logs(ranges, found, local):
+            units.extend(planned)
+            nbytes += sum(u.nbytes for u in planned)
     # Equal shares of the whole cost, each task cut where its share ends: as many tasks as
     # the target asks for, none a small remainder that would run alone after the others.
     costs = [u.nbytes + LOG_COST_BYTES for u in units]
@@ -486,19 +606,19 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
         done += cost
     log.info(
         "planned %d partition(s) over %d log(s) at %s (%s bytes)",
-        len(tasks), len(found), opts.url, sum(read.nbytes for _key, read in found),
+        len(tasks), len({u.log_key for u in units}), opts.url, nbytes,
     )
     return tasks
 
 
 @contextmanager
-def _closing(reads: list[tuple[str, _LogRead]]) -> Iterator[None]:
-    """Close the destination of every log surveyed, however planning ends."""
+def _closing(found: list[_Listed]) -> Iterator[None]:
+    """Close the destination of every log listed, however planning ends."""
     try:
         yield
     finally:
-        for _key, read in reads:
-            read.dest.close()
+        for item in found:
+            item.dest.close()
 
 
 def _map_logs(fn: Callable[[T], R], items: list[T], local: bool) -> list[R]:

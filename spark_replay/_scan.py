@@ -9,7 +9,7 @@ Records become JSON text by the rule of ``docs/JSON.md`` (:mod:`persistlog._json
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -33,7 +33,7 @@ from persistlog._jsonify import (
 from persistlog._reader import Batch, LogScanner
 from persistlog._restore import gc_pause
 
-from ._plan import LogPartition, SetPartition
+from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
 from ._schema import TIMESTAMP, arrow_schema
 
 log = logging.getLogger("spark_replay")
@@ -83,7 +83,7 @@ class _Range:
         number = parsed[1] if parsed else None
         self.problems.append(Problem(part.seq, number, segment, offset, length, "skipped", reason))
 
-    def batches(self) -> Iterator[Batch]:
+    def batches(self) -> Generator[Batch, None, None]:
         """The batches inside the range, then the end-of-range checks."""
         part = self.part
         end = part.end
@@ -368,33 +368,67 @@ def _records_into(part: LogPartition, cols: _Columns) -> Iterator[pa.RecordBatch
     dest = _open(part)
     try:
         rng = _Range(dest, part)
-        cols.begin(part)
-        from_lsn, to_lsn = part.from_lsn, part.to_lsn
-        for batch in rng.batches():
-            if batch.is_control:
-                continue
-            first, n = batch.first_lsn, batch.header.count
-            if to_lsn is not None and first > to_lsn:
-                break
-            lo = 0 if from_lsn is None else max(0, from_lsn - first)
-            hi = n if to_lsn is None else min(n, to_lsn - first + 1)
-            if lo >= hi:
-                continue
-            try:
-                cols.add(batch, lo, hi)
-            except Damage as d:
-                rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
-                continue
-            if cols.rows >= CHUNK_ROWS:
-                yield cols.flush()
-        skipped = sum(p.kind == "skipped" for p in rng.problems)
-        if skipped:
-            log.warning(
-                "passed over %d damaged range(s) in log %d at %s; see spark_replay.corrupt_report()",
-                skipped, part.seq, part.url,
-            )
+        yield from _rows_into(rng, rng.batches(), cols)
     finally:
         dest.close()
+
+
+def _rows_into(rng: _Range, batches: Iterable[Batch], cols: _Columns) -> Iterator[pa.RecordBatch]:
+    """The rows of ``batches`` (of ``rng``) added to ``cols``, as :func:`_records_into`."""
+    part = rng.part
+    cols.begin(part)
+    from_lsn, to_lsn = part.from_lsn, part.to_lsn
+    for batch in batches:
+        if batch.is_control:
+            continue
+        first, n = batch.first_lsn, batch.header.count
+        if to_lsn is not None and first > to_lsn:
+            break
+        lo = 0 if from_lsn is None else max(0, from_lsn - first)
+        hi = n if to_lsn is None else min(n, to_lsn - first + 1)
+        if lo >= hi:
+            continue
+        try:
+            cols.add(batch, lo, hi)
+        except Damage as d:
+            rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+            continue
+        if cols.rows >= CHUNK_ROWS:
+            yield cols.flush()
+    skipped = sum(p.kind == "skipped" for p in rng.problems)
+    if skipped:
+        log.warning(
+            "passed over %d damaged range(s) in log %d at %s; see spark_replay.corrupt_report()",
+            skipped, part.seq, part.url,
+        )
+
+
+def _whole_log_into(unit: LogToPlan, part: LogPartition, cols: _Columns) -> Iterator[pa.RecordBatch]:
+    """The rows of a small log of a set (``part``: all of it, see :meth:`LogToPlan.whole`),
+    scanned once: its batches are held until the scan has checked the whole log and found
+    its first LSN and snapshot-complete marker, which say from where its rows can start a
+    replay. A log whose header says it follows a gap is planned as the driver plans one."""
+    dest = _open(part)
+    try:
+        rng = _Range(dest, part)
+        held: list[Batch] = []
+        scan = rng.batches()
+        for batch in scan:
+            header = rng.scanner.state.header
+            if not held and header is not None and header.get(F.HEADER_AFTER_GAP) is True:
+                scan.close()
+                break
+            held.append(batch)
+        else:
+            st = rng.scanner.state
+            assert st.first_lsn is not None  # a strict scan has raised otherwise
+            part.base_from = replay_base(st.first_lsn, st.complete_lsn)  # the task's own copy
+            yield from _rows_into(rng, held, cols)
+            return
+    finally:
+        dest.close()
+    for p in unit.partitions():
+        yield from _records_into(p, cols)
 
 
 def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
@@ -436,9 +470,17 @@ def read_set(part: SetPartition, view: str) -> Iterator[Any]:
                 yield from read_problems(p)
             return
         cols: _Columns | None = None
-        for p in part.ranges():
-            if cols is None:
-                cols = _Columns(p)
-            yield from _records_into(p, cols)
+        for unit in part.units:
+            whole = unit.whole() if isinstance(unit, LogToPlan) else None
+            if whole is not None:
+                assert isinstance(unit, LogToPlan)
+                if cols is None:
+                    cols = _Columns(whole)
+                yield from _whole_log_into(unit, whole, cols)
+                continue
+            for p in [unit] if isinstance(unit, LogPartition) else unit.partitions():
+                if cols is None:
+                    cols = _Columns(p)
+                yield from _records_into(p, cols)
         if cols is not None and cols.rows:
             yield cols.flush()

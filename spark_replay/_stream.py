@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -30,7 +31,7 @@ from persistlog._errors import DestinationError, LogNotFoundError, PersistLogErr
 from persistlog._cursor import Cursor
 from persistlog._reader import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap
 
-from ._options import STARTING_POSITIONS, StreamOptions
+from ._options import StreamOptions, starting_position
 from ._plan import LogPartition, split_bytes
 from ._tail import GAP_OPTIONS, Mark, Position, Tail, earliest_position, end_cursor, restore_position
 
@@ -82,8 +83,9 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # offset only names the choice; the first micro-batch (empty) moves to the place it
         # means then, and that end is checkpointed.
         where = self.opts.starting_position
-        if where not in STARTING_POSITIONS:
-            return Position(_parse_cursor(where)).offset()
+        start = starting_position(where)
+        if isinstance(start, Cursor):
+            return Position(start).offset()
         if not self.tail.dest.exists():
             # A mistyped path must not wait forever for a log that will never come.
             raise LogNotFoundError(
@@ -112,6 +114,9 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return earliest_position(dest)
         if where == "latest":
             return self.tail.latest_position()
+        position = starting_position(where)
+        if isinstance(position, (int, datetime)):
+            return self.tail.seek_position(position)
         raise ValueError(f"not a starting position: {where!r}")
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -282,21 +287,6 @@ def _deleted(part: LogPartition, gone: SegmentGone) -> RetentionGap | None:
         dest.close()
 
 
-def _parse_cursor(value: str) -> Cursor:
-    import json
-
-    text = value.strip()
-    try:
-        if text.startswith("{"):
-            return Cursor.from_dict(json.loads(text))
-        return Cursor.parse(text)
-    except ValueError:
-        raise ValueError(
-            f"option startingPosition must be restore, earliest, latest or a cursor "
-            f"('log:segment:offset:next_lsn' or its JSON object), not {value!r}"
-        ) from None
-
-
 def _at_or_before(a: Cursor, b: Cursor) -> bool:
     return (a.log, a.segment, a.offset) <= (b.log, b.segment, b.offset)
 
@@ -349,7 +339,7 @@ def _partition(marks: list[Mark], a: int, b: int, opts: StreamOptions) -> LogPar
         next_log_lsn=None,
         base_from=base_from,
         prev_base=first.base,
-        from_lsn=None,
+        from_lsn=first.from_lsn,
         to_lsn=None,
         recovery="strict",
         convention=ro.convention,

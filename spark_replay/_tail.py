@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
-from persistlog._errors import CorruptLogError, PersistLogError, ResetRequired
+from persistlog._errors import CorruptLogError, LogNotFoundError, PersistLogError, ResetRequired
 from persistlog._cursor import Cursor
 from persistlog._follower import first_lsn, gap_closed
 from persistlog._probe import SegmentProbe, next_segments
 from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer, retention_gap
 from persistlog._restore import plan as restore_plan
+from persistlog._seek import seek
 
 log = logging.getLogger("spark_replay")
 
@@ -53,13 +55,19 @@ class Position:
 
     ``base`` is the ``base_log`` of the next record (the newest log of the stream whose
     snapshot was complete by then); ``sealed`` says the cursor's log ended there;
-    ``restored`` marks where a stream continued after a retention gap.
+    ``restored`` marks where a stream continued after a retention gap. A stream started at
+    an LSN or a time (``startingPosition``) may start inside a batch: ``from_lsn`` is then
+    its first record's LSN (the cursor stands at the batch), and ``entered`` names the log
+    it started in after that log's first record, whose snapshot-complete marker does not
+    make the stream's rows of it a base (they lack what came before the start).
     """
 
     cursor: Cursor
     base: int | None = None
     sealed: bool = False
     restored: bool = False
+    from_lsn: int | None = None
+    entered: int | None = None
 
     def offset(self) -> dict[str, Any]:
         """The JSON object Spark checkpoints."""
@@ -70,16 +78,22 @@ class Position:
             d["sealed"] = True
         if self.restored:
             d["restored"] = True
+        if self.from_lsn is not None:
+            d["from_lsn"] = self.from_lsn
+        if self.entered is not None:
+            d["entered"] = self.entered
         return d
 
     @classmethod
     def from_offset(cls, offset: dict[str, Any]) -> Position:
-        base = offset.get("base_log")
+        base, from_lsn, entered = offset.get("base_log"), offset.get("from_lsn"), offset.get("entered")
         return cls(
             Cursor.from_dict(offset),
             None if base is None else int(base),
             bool(offset.get("sealed")),
             bool(offset.get("restored")),
+            None if from_lsn is None else int(from_lsn),
+            None if entered is None else int(entered),
         )
 
 
@@ -185,6 +199,24 @@ class Tail:
         # The stream holds none of the history before this point: no row of it can
         # rebuild the state from a log, whatever markers the walk passed.
         return replace(end, base=None)
+
+    def seek_position(self, position: int | datetime) -> Position | None:
+        """Where a stream started at an LSN or a commit time starts (None: no log yet),
+        found by persistlog's seek (:func:`persistlog._seek.seek`): a position the logs do
+        not hold raises :class:`PositionError`, naming what they hold. Before a log's first
+        record it is that log's start; at the end, :meth:`latest_position`; inside a log
+        the stream holds none of the history before it (no row of that log can rebuild
+        the state)."""
+        try:
+            view, place = seek(self.dest, position)
+        except LogNotFoundError:
+            return None
+        if place.lsn == view.first_lsn(place.log):
+            return log_start(self.dest, place.log, view.logs[place.log])
+        if place.at_end:
+            return self.latest_position()
+        cursor = Cursor(place.log, place.segment, place.offset, place.batch_lsn)
+        return Position(cursor, from_lsn=place.lsn if place.lsn != place.batch_lsn else None, entered=place.log)
 
     def walk(
         self,
@@ -306,7 +338,9 @@ class Tail:
                     "(its end was lost: the stream cannot continue without a gap)",
                     destination=self.dest.url, log=nxt.log, segment=name, offset=0,
                 )
-        return Position(replace(nxt, next_lsn=cur.next_lsn), pos.base)
+        return Position(
+            replace(nxt, next_lsn=cur.next_lsn), pos.base, entered=pos.entered if nxt.log == cur.log else None
+        )
 
     def _batches(
         self, pos: Position, name: str, size: int, marks: list[Mark], limits: _Limits
@@ -341,7 +375,7 @@ class Tail:
                 if header.kind == F.KIND_CONTROL:
                     raw = check_payload(header, data.get(p + F.BATCH_HEADER_SIZE, header.stored_len), p)
                     kinds = {c["t"] for c in control_records(header, raw, p)}
-                    complete = F.CONTROL_COMPLETE in kinds and base != seq
+                    complete = F.CONTROL_COMPLETE in kinds and base != seq and pos.entered != seq
                     sealed = F.CONTROL_SEAL in kinds
                     records = 0
                 else:
@@ -356,7 +390,7 @@ class Tail:
                 next_lsn += header.lsn_count
                 if complete:
                     base = seq
-                at = Position(Cursor(seq, number, p, next_lsn), base, sealed)
+                at = Position(Cursor(seq, number, p, next_lsn), base, sealed, entered=pos.entered)
                 mark = Mark(at, marks[-1].nbytes + header.size, marks[-1].records + records,
                             header.first_lsn - 1 if complete else None)
                 # marks[-1] is always where the walk stands. Boundaries are kept now and

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import datetime, timezone
 from typing import Any
 
 from destinations import Destination, open_destination
@@ -18,6 +19,32 @@ from .. import _format as F
 
 class UsageError(Exception):
     """Bad input from the command line: reported in one line, exit status 2."""
+
+
+def iso_time(value: str) -> datetime:
+    """An ISO 8601 date and time; without a zone, UTC."""
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO 8601 time: {value!r} (for example 2026-11-26T09:30:00Z)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
+
+
+def add_start_options(p: argparse.ArgumentParser) -> None:
+    """``--from-lsn N`` and ``--from-time TIME``: where the records printed start (dump,
+    tail). :func:`check_start` refuses what contradicts itself."""
+    p.add_argument("--from-lsn", type=int, default=None, metavar="N", help="only records with LSN >= N")
+    p.add_argument("--from-time", type=iso_time, default=None, metavar="TIME",
+                   help="only records committed at or after TIME (ISO 8601, UTC unless a zone is given)")
+
+
+def check_start(args: argparse.Namespace) -> None:
+    """Refuse a negative ``--from-lsn``, or both start options, before anything is read."""
+    if args.from_lsn is not None and args.from_lsn < 0:
+        raise UsageError("--from-lsn must be >= 0")
+    if args.from_lsn is not None and args.from_time is not None:
+        raise UsageError("give --from-lsn or --from-time, not both")
 
 
 def common_options() -> argparse.ArgumentParser:

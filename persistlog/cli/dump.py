@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from destinations import Destination
@@ -23,7 +23,7 @@ from .._errors import CorruptLogError, PositionError
 from .._reader import LogScanner, list_logs
 from .._seek import seek, utc_micros
 from ._console import EXIT_DAMAGED, EXIT_OK, error
-from ._options import UsageError, open_log
+from ._options import UsageError, add_start_options, check_start, iso_time, open_log
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -45,34 +45,19 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--log", type=int, metavar="SEQ", help="only this log")
-    p.add_argument("--from-lsn", type=int, default=None, metavar="N", help="only records with LSN >= N")
+    add_start_options(p)
     p.add_argument("--to-lsn", type=int, default=None, metavar="N", help="only records with LSN <= N")
-    p.add_argument("--from-time", type=_time, default=None, metavar="TIME",
-                   help="only records committed at or after TIME (ISO 8601, UTC unless a zone is given)")
-    p.add_argument("--to-time", type=_time, default=None, metavar="TIME",
+    p.add_argument("--to-time", type=iso_time, default=None, metavar="TIME",
                    help="only records committed at or before TIME")
     p.add_argument("--control", action="store_true", help="also print control records (log header, complete, seal)")
     p.set_defaults(run=run)
 
 
-def _time(value: str) -> datetime:
-    """An ISO 8601 date and time; without a zone, UTC."""
-    try:
-        when = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO 8601 time: {value!r} (for example 2026-11-26T09:30:00Z)") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
-
-
 def check_bounds(args: argparse.Namespace) -> None:
     """Refuse bounds that contradict each other, before anything is read."""
-    for name in ("from_lsn", "to_lsn"):
-        value = getattr(args, name)
-        if value is not None and value < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0")
-    if args.from_lsn is not None and args.from_time is not None:
-        raise UsageError("give --from-lsn or --from-time, not both")
+    check_start(args)
+    if args.to_lsn is not None and args.to_lsn < 0:
+        raise UsageError("--to-lsn must be >= 0")
     if args.to_lsn is not None and args.to_time is not None:
         raise UsageError("give --to-lsn or --to-time, not both")
     if args.from_lsn is not None and args.to_lsn is not None and args.to_lsn < args.from_lsn:

@@ -1,7 +1,11 @@
 """persistlog tail URL [-f]: records as they arrive, through persistlog.follow.
 
 Like a follower, it starts from the newest complete log (so the first lines are that
-log's enumeration) and then prints each batch once the writer has written it. Without -f
+log's enumeration) and then prints each batch once the writer has written it. --from-lsn N
+and --from-time TIME (as dump takes them) start at that record instead, in any retained
+log, found from segment and batch headers without reading what lies before it; a start the
+log does not hold (before the oldest record retention left, past the end) is exit status
+2, naming the LSNs and times it holds. Without -f
 it prints what exists and exits; with -f it keeps following, across rotations, until
 interrupted. A location holding no log is exit status 2, as for every command (a mistyped
 path must not look like a quiet log); with -f --wait a log that is not there yet is waited
@@ -28,16 +32,19 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from .. import _format as F
 from .._cursor import Cursor
+from .._errors import LogNotFoundError
 from .._follower import Follower, follow
 from ._console import EXIT_OK, error
-from ._options import UsageError, open_log, parse_storage_options
+from ._options import UsageError, add_start_options, check_start, open_log, parse_storage_options
 from ._records import RecordWriter
 
 EXAMPLES = """\
 examples:
   persistlog tail /var/lib/app/state                 # what is there now, then exit
   persistlog tail -f /var/lib/app/state --from-lsn 1000000
+  persistlog tail /var/lib/app/state --from-time 2026-11-26T09:00
   persistlog tail -f s3://bucket/app --interval 2 --json | jq -c .record
   persistlog tail -f /var/lib/app/state --cursor 12:3:40960:1000417
   persistlog tail -f /var/lib/app/state --with-cursor |
@@ -61,7 +68,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--wait", action="store_true",
         help="with -f: wait for a log to appear where there is none yet (else: exit status 2)",
     )
-    p.add_argument("--from-lsn", type=int, default=0, metavar="N", help="only print records with LSN >= N")
+    add_start_options(p)
     p.add_argument("--interval", type=float, default=0.2, metavar="SECONDS", help="poll interval with -f (default 0.2)")
     p.add_argument("--cursor", metavar="CURSOR", help="resume right after the record a cursor printed by tail belongs to")
     p.add_argument(
@@ -69,6 +76,25 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="start each text line with the record's cursor (--json always has it, as \"cursor\")",
     )
     p.set_defaults(run=run)
+
+
+def _start_cursor(args: argparse.Namespace) -> Cursor:
+    """The cursor before the record ``--from-lsn`` or ``--from-time`` names, by persistlog's
+    seek (``--from-lsn 0``, as for dump: the oldest record retained)."""
+    options = parse_storage_options(args.storage_options)
+    try:
+        if args.from_time is not None:
+            return Cursor.at_time(args.url, args.from_time, storage_options=options)
+        if args.from_lsn < F.FIRST_LSN:
+            return Cursor.earliest(args.url, storage_options=options)
+        return Cursor.at_lsn(args.url, args.from_lsn, storage_options=options)
+    except LogNotFoundError:
+        if not args.wait:
+            raise
+        raise UsageError(
+            f"no log at {args.url} yet to find --from-lsn/--from-time in: leave them out to wait "
+            "for the first record"
+        ) from None
 
 
 def _stop_when_caught_up(follower: Follower, finished: threading.Event) -> None:
@@ -85,9 +111,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be a positive number of seconds")
     if args.wait and not args.follow:
         raise UsageError("--wait goes with -f (without -f, tail prints what exists and exits)")
+    check_start(args)
+    seeking = args.from_lsn is not None or args.from_time is not None
+    if seeking and args.cursor is not None:
+        raise UsageError("give --cursor or --from-lsn/--from-time, not both")
     # A location holding no log is an error; with -f --wait one may appear later, unless
     # nothing can make it there.
     open_log(args, wait_for_log=args.wait).close()
+    cursor = _start_cursor(args) if seeking else args.cursor
 
     def on_reset() -> None:
         error("the cursor's data was removed by retention: starting again from the newest complete log")
@@ -95,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         follower = follow(
             args.url,
-            cursor=args.cursor,
+            cursor=cursor,
             # Without -f the loop stops at the first poll that finds nothing new; a long
             # interval keeps it from polling again meanwhile.
             poll_interval=args.interval if args.follow else 3600.0,
@@ -111,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.follow:
         watcher = threading.Thread(target=_stop_when_caught_up, args=(follower, finished), daemon=True)
         watcher.start()
-    # The last record handed to stdout (or passed over by --from-lsn) and its cursor.
+    # The last record handed to stdout and its cursor.
     last: tuple[int, Cursor] | None = None
     closed = failed = False
     guard = Interrupts(enabled=args.follow)
@@ -122,12 +153,11 @@ def run(args: argparse.Namespace) -> int:
                     lsn = fb.first_lsn + i
                     cursor = fb.record_cursor(lsn)
                     guard.writing = True
-                    if lsn >= args.from_lsn:
-                        writer.write(
-                            lsn=lsn, log=fb.cursor.log, segment=fb.cursor.segment,
-                            commit_us=round(fb.commit_time * 1e6), record=record,
-                            cursor=str(cursor) if args.json or args.with_cursor else None,
-                        )
+                    writer.write(
+                        lsn=lsn, log=fb.cursor.log, segment=fb.cursor.segment,
+                        commit_us=round(fb.commit_time * 1e6), record=record,
+                        cursor=str(cursor) if args.json or args.with_cursor else None,
+                    )
                     last = lsn, cursor
                     guard.written()
                 if args.follow:

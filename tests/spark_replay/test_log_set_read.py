@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ import pytest
 import persistlog
 from persistlog._jsonify import from_json
 from spark_replay._options import ReadOptions
-from spark_replay._plan import SetPartition, plan
+from spark_replay._plan import LogToPlan, SetPartition, plan
 from spark_replay._scan import read_set
 from spark_replay._schema import arrow_schema, ddl
 
@@ -169,3 +171,86 @@ def test_the_replay_job_takes_a_set(spark: Any, tmp_path: Path) -> None:
     assert got == {k: lv for k, (_records, lv) in expected.items() if lv}
     assert main([str(root), "--out", str(tmp_path / "o2"), "--as-of-lsn", "2", "-q"], spark=spark, stdout=io.StringIO()) == 2
     assert main([str(root), "--out", str(tmp_path / "o3"), "--follow", "-q"], spark=spark, stdout=io.StringIO()) == 2
+
+
+def test_a_task_reads_small_logs_in_one_pass_as_the_driver_would_plan_them(tmp_path: Path) -> None:
+    """Small local logs are left to the task to plan (LogToPlan) and read in one pass: the
+    same rows, base_log included, as the ranges the driver's survey gives."""
+    root = tmp_path / "set"
+    write_set(root, KEYS[:6])
+    # A log whose older logs retention deleted: it starts with a snapshot, and only its rows
+    # from the complete marker on can start a replay.
+    with persistlog.LogSet(root, rotate_records=4, retain=1) as logset:
+        state: dict[int, int] = {}
+
+        def enumerate_all(emit: Any) -> None:
+            for k, v in state.items():
+                emit({"op": "put", "key": k, "value": v})
+
+        lg = logset.open("retained", enumerate_all)
+        for i in range(10):
+            state[i % 3] = i
+            lg.update({"op": "put", "key": i % 3, "value": i})
+    opts = replace(ReadOptions.parse({"path": str(root), "convention": "resource"}), log_set=True)
+    parts = [pickle.loads(pickle.dumps(p)) for p in plan(opts)]
+    units = [u for p in parts for u in p.units]
+    assert any(isinstance(u, LogToPlan) and u.whole() is not None for u in units)
+    surveyed = [
+        SetPartition(tuple(r for u in p.units for r in (u.partitions() if isinstance(u, LogToPlan) else [u])))
+        for p in parts
+    ]
+
+    def rows(tasks: list[SetPartition]) -> list[dict[str, Any]]:
+        got = [r for p in tasks for b in read_set(p, "records") for r in pa.Table.from_batches([b]).to_pylist()]
+        return sorted(got, key=lambda r: (r["log_key"], r["log_seq"], r["lsn"]))
+
+    one_pass, planned = rows(parts), rows(surveyed)
+    assert one_pass == planned
+    retained = [r for r in one_pass if r["log_key"] == "retained"]
+    assert len({r["log_seq"] for r in retained}) == 1 and retained[0]["lsn"] > 1
+    complete = max(r["lsn"] for r in retained if r["kind"] == "snapshot")
+    assert {r["base_log"] for r in retained if r["lsn"] < complete} == {None}
+    assert {r["base_log"] for r in retained if r["lsn"] >= complete} == {retained[0]["log_seq"]}
+    # A log bigger than WHOLE_LOG_BYTES, or read with bounds, takes the survey.
+    bounded = replace(opts, to_lsn=3)
+    assert all(u.whole() is None for p in plan(bounded) for u in p.units if isinstance(u, LogToPlan))
+
+
+def test_a_small_log_that_follows_a_declared_gap_is_read_as_the_driver_plans_it(tmp_path: Path) -> None:
+    """A key whose only log says in its header that it follows a gap (a secondary's writer
+    declared it; here the writer died before that log held a record): the task meets the
+    header, plans the log as the driver would, and the set reads as the driver's plan reads
+    it, with no error."""
+    from crashsim import CrashSim
+    from secondary_crashes import crash_with_secondary_behind, restart_and_crash_on_the_secondary
+
+    from persistlog import _format as F
+
+    sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
+    restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)
+    newest = max(p[0] for p in map(F.parse_segment_name, os.listdir(sec_url)) if p is not None)
+    root = tmp_path / "set"
+    logset = persistlog.LogSet(root)
+    for key, seqs in (("after-gap", {newest}), ("whole", None)):
+        target = Path(logset.url(key))
+        target.mkdir(parents=True)
+        for src in Path(sec_url).iterdir():
+            parsed = F.parse_segment_name(src.name)
+            if parsed is not None and (seqs is None or parsed[0] in seqs):
+                shutil.copy(src, target / src.name)
+    opts = replace(ReadOptions.parse({"path": str(root), "convention": "resource"}), log_set=True)
+    parts = plan(opts)
+    gap_unit = next(u for p in parts for u in p.units if u.log_key == "after-gap")
+    assert isinstance(gap_unit, LogToPlan) and gap_unit.whole() is not None
+    surveyed = [
+        SetPartition(tuple(r for u in p.units for r in (u.partitions() if isinstance(u, LogToPlan) else [u])))
+        for p in parts
+    ]
+
+    def rows(tasks: list[SetPartition]) -> list[tuple[Any, ...]]:
+        got = [r for p in tasks for b in read_set(p, "records") for r in pa.Table.from_batches([b]).to_pylist()]
+        return sorted((r["log_key"], r["log_seq"], r["lsn"], r["base_log"], r["record"]) for r in got)
+
+    one_pass = rows(parts)
+    assert one_pass == rows(surveyed)
+    assert {r[0] for r in one_pass} == {"whole"}  # nothing after the gap is complete yet

@@ -277,3 +277,40 @@ def test_a_stream_sees_one_history_across_a_handover(spark: Any, tmp_path: Any) 
     finally:
         q.stop()
     check_events(spark, out, last_lsn, final_state, logs=2)  # the old writer's logs and the new one's
+
+
+@pytest.mark.spark
+def test_a_stream_starts_at_an_lsn_or_a_time(spark: Any, tmp_path: Any) -> None:
+    from datetime import datetime, timezone
+
+    spark_replay.register(spark)
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
+    lg.update_many([{"i": i} for i in range(1, 11)])
+    lg.sync()
+    time.sleep(0.01)
+    between = datetime.now(timezone.utc)
+    time.sleep(0.01)
+    lg.update_many([{"i": i} for i in range(11, 21)])
+    lg.close()
+
+    def lsns(name: str, start: Any) -> list[int]:
+        query = (
+            spark.readStream.format("persistlog").option("startingPosition", start).load(url)
+            .writeStream.format("memory").queryName(name).trigger(availableNow=True)
+            .option("checkpointLocation", str(tmp_path / name)).start()
+        )
+        query.awaitTermination(120)
+        return [r["lsn"] for r in spark.sql(f"SELECT lsn FROM {name} WHERE kind = 'update' ORDER BY lsn").collect()]
+
+    assert lsns("from_lsn", "7") == [r.lsn for r in persistlog.read(url, 7) if r.kind == "update"]
+    assert lsns("from_time", between)[0] == 11  # an aware datetime, as Spark passes it
+    for bad, message in (("7x", "startingPosition must be restore, earliest, latest, an LSN"),
+                         ("999", "PositionError.*holds LSNs 1..20")):
+        query = spark.readStream.format("persistlog").option("startingPosition", bad).load(url).writeStream.format(
+            "noop").option("checkpointLocation", str(tmp_path / f"bad-{bad}")).start()
+        try:
+            with pytest.raises(Exception, match=message):
+                query.processAllAvailable()
+        finally:
+            query.stop()

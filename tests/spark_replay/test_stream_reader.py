@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
+from datetime import datetime, timezone
 from typing import Any
 
 from pathlib import Path
@@ -32,7 +34,7 @@ import persistlog._format
 from destinations import open_destination
 from persistlog._retention import apply_retention
 from persistlog._jsonify import from_json
-from persistlog._errors import CorruptLogError, LogNotFoundError, ResetRequired
+from persistlog._errors import CorruptLogError, LogNotFoundError, PositionError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
 from spark_replay._stream import PersistLogStreamReader
@@ -167,6 +169,76 @@ def test_starting_positions(tmp_path: Any) -> None:
     with pytest.raises(ValueError, match="startingPosition"):
         stream_reader(url, startingPosition="yesterday").initialOffset()
     w.close()
+
+
+def write_batches(url: str, sizes: list[int], rotate_after: int | None = None, **options: Any) -> list[datetime]:
+    """A log of ``sizes[i]`` records per batch (``{"i": lsn}``), rotated after batch
+    ``rotate_after``; the time just before each batch was committed."""
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None, durability="flush", **options)
+    before: list[datetime] = []
+    n = 0
+    for i, size in enumerate(sizes):
+        time.sleep(0.002)
+        before.append(datetime.now(timezone.utc))
+        time.sleep(0.002)
+        lg.update_many([{"i": n + k + 1} for k in range(size)])
+        lg.sync()
+        n += size
+        if i == rotate_after:
+            lg.rotate(wait=True)
+    lg.close()
+    return before
+
+
+def test_starting_position_by_lsn_and_time_uses_the_seek(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    before = write_batches(url, [10, 10, 5], rotate_after=1)
+    every = [r.lsn for r in persistlog.read(url) if r.kind == "update"]
+    # An LSN inside a batch: the stream starts with that record, as persistlog.read does.
+    for given in ("5", 5, " 5 "):
+        r = stream_reader(url, startingPosition=given)
+        got = drain(r, first_position(r))[1]
+        assert lsns(got) == [lsn for lsn in every if lsn >= 5]
+    # It holds none of log 1 before LSN 5: no row of log 1 can rebuild a state; log 2's
+    # rows can from its snapshot's end on, as in a batch read from LSN 5.
+    assert {row["base_log"] for row in got if row["log_seq"] == 1} == {None}
+    assert got[-1]["base_log"] == 2
+    # LSN 1 is the start of the first log ever: the same as earliest.
+    r, e = stream_reader(url, startingPosition="1"), stream_reader(url, startingPosition="earliest")
+    from_one, earliest = drain(r, first_position(r))[1], drain(e, e.initialOffset())[1]
+    assert [(row["lsn"], row["base_log"]) for row in from_one] == [(row["lsn"], row["base_log"]) for row in earliest]
+    # A time: from the first batch committed at or after it (an ISO string, or the text
+    # Spark makes of an aware datetime).
+    for given in (before[1].isoformat(), str(before[1]), before[1].isoformat().replace("+00:00", "Z")):
+        r = stream_reader(url, startingPosition=given)
+        assert lsns(drain(r, first_position(r))[1])[0] == 11
+    # The LSN the next record takes: the stream starts at the end and waits there.
+    end_lsn = every[-1] + 1
+    r = stream_reader(url, startingPosition=str(end_lsn))
+    at = first_position(r)
+    assert drain(r, at)[1] == []
+    lg = persistlog.open(url, lambda emit: None, replay=lambda record: None)
+    lg.update_many([{"i": "a"}, {"i": "b"}])
+    lg.close()
+    got = drain(r, at)[1]
+    assert [from_json(row["record"]) for row in got] == [{"i": "a"}, {"i": "b"}]
+    assert got[0]["lsn"] >= end_lsn
+
+
+def test_a_starting_position_that_is_not_there_names_what_is(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    write_batches(url, [10, 10, 5], rotate_after=0, retain=1)
+    held = [r.lsn for r in persistlog.read(url)]
+    for given in (str(held[-1] + 2), "1", "2000-01-01T00:00:00Z"):
+        reader = stream_reader(url, startingPosition=given)
+        with pytest.raises(PositionError, match=f"holds LSNs {held[0]}..{held[-1]}") as e:
+            first_position(reader)
+        assert not isinstance(e.value, CorruptLogError)
+    for bad in ("0", "-3", "5x", "2026-11-27T05:00:00", "tomorrow", "1:2:3"):
+        with pytest.raises(ValueError, match="startingPosition must be restore, earliest, latest, an LSN"):
+            stream_reader(url, startingPosition=bad)
+    with pytest.raises(LogNotFoundError):
+        first_position(stream_reader(str(tmp_path / "no-log"), startingPosition="3"))
 
 
 @pytest.mark.parametrize("where", ["latest", "restore", "earliest"])
