@@ -14,6 +14,7 @@
     ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
+    ├── KeyUnavailableError    an encrypted batch and no key for its key id: no provider, unknown id, wrong key
     ├── ResetRequired          a follower's cursor (a consumer's position) points at data retention already deleted
     ├── PositionError          an LSN or time the logs do not hold: before retention, past the end (also a ValueError)
     ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
@@ -162,6 +163,36 @@ class MissingDependencyError(PersistLogError, ImportError):
         super().__init__(message, name=package)
         self.package = package
         self.extra = extra
+
+
+class KeyUnavailableError(PersistLogError):
+    """An encrypted batch that cannot be read with the keys at hand: no key provider was
+    given (``keys=``, ``--key-provider``), the provider has no key for the batch's key id,
+    or its key is not the one the batch was sealed with. Never damage, so never
+    :class:`CorruptLogError` and never skipped by ``recovery="skip"``: the bytes are fine,
+    the key is missing. Names the destination, log, segment, offset and ``key_id``; never
+    the key.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        key_id: str | None = None,
+        destination: str = "",
+        log: int | None = None,
+        segment: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.key_id = key_id
+        self.destination = destination
+        self.log = log
+        self.segment = segment
+        self.offset = offset
+        where = [f"{k} {v}" for k, v in (("destination", destination), ("log", log), ("segment", segment),
+                                          ("offset", offset)) if v not in (None, "")]
+        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
 
 
 class ResetRequired(PersistLogError):
