@@ -52,6 +52,7 @@ from . import _encoder, _exit
 from . import _format as F
 from ._chain import Chain
 from ._codec import Codec, check_depth, encode_error, records_list
+from ._crypt import Keyring
 from ._errors import DestinationError, HandedOver, LogClosedError, LogFailedError, PersistLogError, WriterConflict
 from ._group_commit import GroupCommit
 from ._handover import HandoverRequest, HandoverWatch
@@ -130,6 +131,7 @@ class LogSettings:
         segment_bytes: int,
         flush_interval: float | None,
         compression: str | None,
+        keys: Keyring | None = None,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -156,6 +158,8 @@ class LogSettings:
         self.flush_interval = flush_interval
         self.compression = COMPRESSIONS[compression]
         self.compression_name = compression
+        #: The keys record batches are sealed with (None: not encrypted).
+        self.keys = keys
 
 
 class Log:
@@ -944,7 +948,8 @@ class Log:
         data = self._taking_batch
         if data is None:
             data = _encoder.record_batch(
-                payload, end - first, snaps, first, now_us(), self.settings.compression, self._chain.head
+                payload, end - first, snaps, first, now_us(), self.settings.compression, self._chain.head,
+                self.settings.keys,
             )
             self._taking_batch = data
         try:
