@@ -71,7 +71,7 @@ class Keyring:
 
     def __init__(self, provider: KeyProvider, key_id: str | Callable[[], str] | None = None) -> None:
         if not callable(provider):
-            raise TypeError(f"keys must be a callable key_id -> 32-byte key, not {type(provider).__name__}")
+            raise TypeError(f"key_provider must be a callable key_id -> 32-byte key, not {type(provider).__name__}")
         if key_id is not None and not callable(key_id):
             check_key_id(key_id)
         _aesgcm()  # refuse at open, not at the first batch
@@ -117,7 +117,8 @@ class Keyring:
         kid_raw = check_key_id(kid)
         aes, check = self._cipher(kid)
         prefix = b"".join((bytes((len(kid_raw),)), kid_raw, check, os.urandom(F.NONCE_SIZE)))
-        return prefix + aes.encrypt(prefix[-F.NONCE_SIZE:], plain, aad + prefix)
+        sealed: bytes = aes.encrypt(prefix[-F.NONCE_SIZE:], plain, aad + prefix)
+        return prefix + sealed
 
     def open(self, aad: bytes, body: bytes | memoryview) -> bytes:
         """The plaintext of an encrypted payload ``body``. Raises ValueError for bytes that
@@ -170,7 +171,7 @@ OPAQUE: Keyring = _OpaqueKeys()
 
 
 def keyring(keys: KeyProvider | Keyring | None) -> Keyring | None:
-    """A reader's ``keys=`` argument as a :class:`Keyring` (None stays None)."""
+    """A reader's ``key_provider=`` argument as a :class:`Keyring` (None stays None)."""
     if keys is None or isinstance(keys, Keyring):
         return keys
     return Keyring(keys)

@@ -180,7 +180,7 @@ def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys:
         kid = bytes(body[1:1 + n]).decode("utf-8", "replace")
         raise KeyUnavailableError(
             f"the batch at offset {offset} is encrypted under key id {kid!r} and no key provider was "
-            "given (keys=, --key-provider)", key_id=kid,
+            "given (key_provider=, --key-provider)", key_id=kid,
         )
     aad = F.BATCH_AAD.pack(
         header.raw_len, header.count, header.flags, F.BATCH_MARKER, header.first_lsn, header.commit_us

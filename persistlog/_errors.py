@@ -167,7 +167,7 @@ class MissingDependencyError(PersistLogError, ImportError):
 
 class KeyUnavailableError(PersistLogError):
     """An encrypted batch that cannot be read with the keys at hand: no key provider was
-    given (``keys=``, ``--key-provider``), the provider has no key for the batch's key id,
+    given (``key_provider=``, ``--key-provider``), the provider has no key for the batch's key id,
     or its key is not the one the batch was sealed with. Never damage, so never
     :class:`CorruptLogError` and never skipped by ``recovery="skip"``: the bytes are fine,
     the key is missing. Names the destination, log, segment, offset and ``key_id``; never
