@@ -643,7 +643,7 @@ def follow(
     codec: Codec | None = None,
     recovery: str = "strict",
     wait_for_log: bool = False,
-    key_provider: Callable[[str], Any] | None = None,
+    key_provider: Callable[[str], Any] | Keyring | None = None,
 ) -> Follower:
     """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
     records as they arrive.

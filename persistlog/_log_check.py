@@ -19,6 +19,7 @@ from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage, parse_batch_header
 from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
+from ._crypt import Keyring
 from ._reader import LogScanner
 
 
@@ -41,8 +42,10 @@ class LogCheck:
         check_records: bool,
         on_batch: Callable[[int, int], None] | None,
         expect_link: bytes | None = None,
+        keys: Keyring | None = None,
     ) -> None:
         self.dest = dest
+        self.keys = keys
         self.expect_link = expect_link
         self.seq = seq
         self.segments = segments
@@ -69,7 +72,7 @@ class LogCheck:
             before[seg.number] = (index, total)
             total += seg.bytes
         scanner = LogScanner(self.dest, self.seq, self.segments, recovery="skip", expect_first_lsn=self.expect,
-                             expect_link=self.expect_link)
+                             expect_link=self.expect_link, keys=self.keys)
         st = scanner.state
         seen = 0
         # App records of the intact batches read so far, the LSN due after the last of

@@ -91,7 +91,7 @@ def read(
     *,
     storage_options: dict[str, Any] | None = None,
     codec: Codec | None = None,
-    key_provider: Callable[[str], Any] | None = None,
+    key_provider: Callable[[str], Any] | Keyring | None = None,
 ) -> Iterator[LoggedRecord]:
     """The records at ``url`` from ``start`` up to (not including) ``stop``, in LSN order.
 

@@ -8,12 +8,14 @@ kept as strings otherwise; the CLI never looks at them or names a driver.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 from typing import Any
 
 from destinations import Destination, open_destination
 
 from .. import _format as F
+from .._crypt import Keyring
 
 
 class UsageError(Exception):
@@ -32,6 +34,12 @@ def common_options() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="fsspec option for the destination (repeatable; VALUE is parsed as JSON when it can be)",
+    )
+    common.add_argument(
+        "--key-provider",
+        metavar="MODULE:CALLABLE",
+        help="key provider of an encrypted log: an importable callable key_id -> 32-byte key "
+        "(the same one the writer's open(key_provider=) got); never the key itself",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
@@ -62,6 +70,32 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
             node = child
         node[leaf] = value
     return options
+
+
+def load_key_provider(spec: str | None) -> Keyring | None:
+    """The key provider ``MODULE:CALLABLE`` names (``--key-provider``), imported; None for
+    None. The one loader of a provider named by a string, for the CLI and the Spark job:
+    only the name ever travels, the keys stay with the provider."""
+    if spec is None:
+        return None
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise UsageError(f"--key-provider needs MODULE:CALLABLE, got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"--key-provider {spec}: cannot import it ({type(e).__name__}: {e})") from None
+    try:
+        return Keyring(target)
+    except TypeError as e:
+        raise UsageError(f"--key-provider {spec}: {e}") from None
+
+
+def key_provider(args: argparse.Namespace) -> Keyring | None:
+    """The key provider named on the command line (``--key-provider``), or None."""
+    return load_key_provider(getattr(args, "key_provider", None))
 
 
 def open_dest(args: argparse.Namespace) -> Destination:

@@ -31,7 +31,7 @@ from typing import Any
 from .._cursor import Cursor
 from .._follower import Follower, follow
 from ._console import EXIT_OK, error
-from ._options import UsageError, open_log, parse_storage_options
+from ._options import UsageError, key_provider, open_log, parse_storage_options
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             on_reset=on_reset,
             storage_options=parse_storage_options(args.storage_options),
             wait_for_log=args.wait,
+            key_provider=key_provider(args),
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

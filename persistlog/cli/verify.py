@@ -19,10 +19,10 @@ from typing import Any
 from .._audit import Audit, audit
 from .._destination_check import inspect_destination
 from .._destination_report import DestinationReport, Problem, SignedHead
-from .._errors import MissingDependencyError
+from .._errors import KeyUnavailableError, MissingDependencyError
 from .._signing import Verifier
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
-from ._options import open_log
+from ._options import key_provider, open_log
 from .info import progress_callback, report_json
 
 EXAMPLES = """\
@@ -75,8 +75,10 @@ def run(args: argparse.Namespace) -> int:
     dest = open_log(args)
     line = ProgressLine("verify")
     try:
-        report = inspect_destination(dest, check_records=True, progress=progress_callback(line))
-    except MissingDependencyError as e:
+        report = inspect_destination(
+            dest, check_records=True, progress=progress_callback(line), keys=key_provider(args)
+        )
+    except (MissingDependencyError, KeyUnavailableError) as e:
         # The bytes may well be sound: what cannot be read was not checked, so it is
         # neither clean (0) nor damaged (1).
         return fail(args, f"cannot check {args.url}: {e}", EXIT_USAGE)
