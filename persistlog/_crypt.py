@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _format as F
-from ._errors import KeyUnavailableError, MissingDependencyError
+from ._errors import KeyUnavailableError, missing_cryptography
 
 #: A key provider: the 32-byte key of a key id (KeyError or None: not known).
 KeyProvider = Callable[[str], Any]
@@ -35,12 +35,7 @@ def _aesgcm() -> Any:
     try:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     except ImportError:
-        raise MissingDependencyError(
-            "encrypted logs need the cryptography package, which is not installed: "
-            "pip install 'persistlog[crypto]'",
-            package="cryptography",
-            extra="crypto",
-        ) from None
+        raise missing_cryptography("encrypted logs", "crypto") from None
     return AESGCM
 
 

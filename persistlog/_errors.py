@@ -32,16 +32,17 @@ class PersistLogError(Exception):
     """Base class of every error persistlog raises on purpose."""
 
 
-class CorruptLogError(PersistLogError):
-    """Stored bytes failed a check. Names where: destination, log, segment and offset."""
+class _Where:
+    """Where stored bytes sit (destination, log, segment, offset), said after a reason."""
+
+    reason: str
+    destination: str
+    log: int | None
+    segment: str | None
+    offset: int | None
 
     def __init__(
-        self,
-        reason: str,
-        *,
-        destination: str = "",
-        log: int | None = None,
-        segment: str | None = None,
+        self, reason: str, destination: str = "", log: int | None = None, segment: str | None = None,
         offset: int | None = None,
     ) -> None:
         self.reason = reason
@@ -49,7 +50,7 @@ class CorruptLogError(PersistLogError):
         self.log = log
         self.segment = segment
         self.offset = offset
-        super().__init__(self._message())
+        Exception.__init__(self, self._message())  # type: ignore[arg-type]
 
     def _message(self) -> str:
         where = []
@@ -62,6 +63,21 @@ class CorruptLogError(PersistLogError):
         if self.offset is not None:
             where.append(f"offset {self.offset}")
         return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+
+class CorruptLogError(PersistLogError, _Where):
+    """Stored bytes failed a check. Names where: destination, log, segment and offset."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        destination: str = "",
+        log: int | None = None,
+        segment: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        _Where.__init__(self, reason, destination, log, segment, offset)
 
 
 class WriterConflict(PersistLogError):
@@ -165,7 +181,7 @@ class MissingDependencyError(PersistLogError, ImportError):
         self.extra = extra
 
 
-class KeyUnavailableError(PersistLogError):
+class KeyUnavailableError(PersistLogError, _Where):
     """An encrypted batch that cannot be read with the keys at hand: no key provider was
     given (``key_provider=``, ``--key-provider``), the provider has no key for the batch's key id,
     or its key is not the one the batch was sealed with. Never damage, so never
@@ -184,15 +200,17 @@ class KeyUnavailableError(PersistLogError):
         segment: str | None = None,
         offset: int | None = None,
     ) -> None:
-        self.reason = reason
         self.key_id = key_id
-        self.destination = destination
-        self.log = log
-        self.segment = segment
-        self.offset = offset
-        where = [f"{k} {v}" for k, v in (("destination", destination), ("log", log), ("segment", segment),
-                                          ("offset", offset)) if v not in (None, "")]
-        super().__init__(f"{reason} ({', '.join(where)})" if where else reason)
+        _Where.__init__(self, reason, destination, log, segment, offset)
+
+
+def missing_cryptography(needs: str, extra: str) -> MissingDependencyError:
+    """The error for ``needs`` (what needs it) without the cryptography package."""
+    return MissingDependencyError(
+        f"{needs} need the cryptography package, which is not installed: pip install 'persistlog[{extra}]'",
+        package="cryptography",
+        extra=extra,
+    )
 
 
 class ResetRequired(PersistLogError):
