@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -170,3 +171,20 @@ def keyring(keys: KeyProvider | Keyring | None) -> Keyring | None:
     if keys is None or isinstance(keys, Keyring):
         return keys
     return Keyring(keys)
+
+
+def provider_named(spec: str) -> Keyring:
+    """The key provider an importable name ``MODULE:CALLABLE`` (``pkg.mod:obj.attr``)
+    names, as a :class:`Keyring`: how the CLI (``--key-provider``) and a Spark job's
+    executors get the app's provider, so that only its name ever travels, never a key.
+    ValueError for a name that does not import, TypeError for one that is not callable."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"needs MODULE:CALLABLE, got {spec!r}")
+    try:
+        target: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{spec}: cannot import it ({type(e).__name__}: {e})") from None
+    return Keyring(target)

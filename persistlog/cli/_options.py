@@ -8,14 +8,13 @@ kept as strings otherwise; the CLI never looks at them or names a driver.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from typing import Any
 
 from destinations import Destination, open_destination
 
 from .. import _format as F
-from .._crypt import Keyring
+from .._crypt import Keyring, provider_named
 
 
 class UsageError(Exception):
@@ -74,23 +73,13 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
 
 def load_key_provider(spec: str | None) -> Keyring | None:
     """The key provider ``MODULE:CALLABLE`` names (``--key-provider``), imported; None for
-    None. The one loader of a provider named by a string, for the CLI and the Spark job:
-    only the name ever travels, the keys stay with the provider."""
+    None. A bad name is a usage error."""
     if spec is None:
         return None
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise UsageError(f"--key-provider needs MODULE:CALLABLE, got {spec!r}")
     try:
-        target: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as e:
-        raise UsageError(f"--key-provider {spec}: cannot import it ({type(e).__name__}: {e})") from None
-    try:
-        return Keyring(target)
-    except TypeError as e:
-        raise UsageError(f"--key-provider {spec}: {e}") from None
+        return provider_named(spec)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--key-provider {e}") from None
 
 
 def key_provider(args: argparse.Namespace) -> Keyring | None:

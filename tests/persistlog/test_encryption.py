@@ -205,3 +205,12 @@ def test_secrets_never_shown(log_dir: str, caplog: pytest.LogCaptureFixture) -> 
     assert "crypt_keys" in text or "provider" in text
     for s in secrets:
         assert s not in text
+
+
+def test_key_provider_option_names_an_importable_callable(log_dir: str) -> None:
+    write(log_dir, rotations=0)
+    status, out, _ = cli("dump", log_dir, "--json", "--key-provider", PROVIDER)
+    assert status == 0 and "secret-" in out
+    for bad in ("crypt_keys", "no_such_module:f", "crypt_keys:nope", "crypt_keys:KEYS"):
+        status, _, err = cli("dump", log_dir, "--key-provider", bad)
+        assert status == 2 and "--key-provider" in err, bad
