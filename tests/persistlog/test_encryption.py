@@ -211,6 +211,24 @@ def test_key_provider_option_names_an_importable_callable(log_dir: str) -> None:
     write(log_dir, rotations=0)
     status, out, _ = cli("dump", log_dir, "--json", "--key-provider", PROVIDER)
     assert status == 0 and "secret-" in out
+    assert cli("restore-check", log_dir, "--key-provider", PROVIDER)[0] == 0
+    assert cli("tail", log_dir, "--key-provider", PROVIDER)[0] == 0
+    assert cli("restore-check", log_dir)[0] == 2
     for bad in ("crypt_keys", "no_such_module:f", "crypt_keys:nope", "crypt_keys:KEYS"):
         status, _, err = cli("dump", log_dir, "--key-provider", bad)
         assert status == 2 and "--key-provider" in err, bad
+
+
+def test_a_secondary_holds_the_writers_sealed_batches(log_dir: str, tmp_path: Any) -> None:
+    backup = str(tmp_path / "backup")
+    app = App({"a": 1})
+    app.open(log_dir, durability="fsync", secondaries=[backup], key_provider=provider, key_id="2026-10")
+    app.put("b", 2)
+    app.log.close()  # type: ignore[union-attr]
+    assert b"secret" not in stored_bytes(backup)
+    sealed = {b.to_bytes() for s in tamper.load(log_dir) for b in s.batches if b.flags & F.FLAG_ENCRYPTED}
+    copied = {b.to_bytes() for s in tamper.load(backup) for b in s.batches if b.flags & F.FLAG_ENCRYPTED}
+    assert sealed and copied == sealed  # copied byte for byte: never sealed again under a new nonce
+    assert restore_state(backup, key_provider=provider)[0] == {"a": 1, "b": 2}
+    with pytest.raises(persistlog.KeyUnavailableError):
+        restore_state(backup)
