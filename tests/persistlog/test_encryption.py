@@ -5,10 +5,12 @@ ciphertext (CRCs and chain recomputed) is damage; keys never show."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
 import os
+import zlib
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
@@ -16,10 +18,14 @@ import crypt_keys
 import pytest
 import tamper
 from crypt_keys import KEYS, provider
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_app import App, restore_state
 
 import persistlog
+from persistlog import _decoder, _encoder
 from persistlog import _format as F
+from persistlog._crypt import Keyring
 from persistlog.cli import main
 
 PROVIDER = "crypt_keys:provider"
@@ -232,3 +238,34 @@ def test_a_secondary_holds_the_writers_sealed_batches(log_dir: str, tmp_path: An
     assert restore_state(backup, key_provider=provider)[0] == {"a": 1, "b": 2}
     with pytest.raises(persistlog.KeyUnavailableError):
         restore_state(backup)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payload=st.binary(min_size=1, max_size=600),
+    compression=st.sampled_from([F.COMPRESSION_NONE, F.COMPRESSION_GZIP]),
+    linked=st.booleans(),
+    key_id=st.sampled_from(sorted(KEYS)),
+    flip=st.integers(min_value=0),
+)
+def test_no_changed_byte_of_a_sealed_batch_is_accepted(
+    payload: bytes, compression: int, linked: bool, key_id: str, flip: int
+) -> None:
+    """A sealed batch reads back exactly; with any one stored byte changed and its CRCs
+    fixed, it is damage or a key that does not fit, never other records."""
+    keys = Keyring(provider, key_id)
+    link = bytes(range(32)) if linked else None
+    batch = _encoder.frame(payload, 1, F.KIND_UPDATE, 7, 1234, compression, link, keys)
+    header = _decoder.parse_batch_header(batch[:F.BATCH_HEADER_SIZE], 40)
+    assert header.flags & F.FLAG_ENCRYPTED
+    assert _decoder.check_payload(header, batch[F.BATCH_HEADER_SIZE:], 40, keys) == payload
+    stored = bytearray(batch[F.BATCH_HEADER_SIZE:])
+    at = (F.LINK_SIZE if linked else 0) + flip % (len(stored) - (F.LINK_SIZE if linked else 0))
+    stored[at] ^= 0x01
+    changed = dataclasses.replace(header, payload_crc=zlib.crc32(stored))
+    with pytest.raises((_decoder.Damage, persistlog.KeyUnavailableError)):
+        _decoder.check_payload(changed, bytes(stored), 40, keys)
+    # The clear header fields are bound too: another LSN or commit time fails the tag.
+    for moved in (dataclasses.replace(header, first_lsn=8), dataclasses.replace(header, commit_us=1235)):
+        with pytest.raises(_decoder.Damage, match="fails authentication"):
+            _decoder.check_payload(moved, batch[F.BATCH_HEADER_SIZE:], 40, keys)
