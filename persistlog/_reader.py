@@ -161,6 +161,10 @@ class LogState:
     first_link: bytes | None = None
     # The chain head where the scan stopped: the hash of the last batch that moves it.
     chain_head: bytes | None = None
+    # Encrypted batches read, and how many of them were not opened (structure-only keys):
+    # their CRCs and links were checked, their GCM tags not.
+    encrypted: int = 0
+    unopened: int = 0
 
     @property
     def complete(self) -> bool:
@@ -645,6 +649,9 @@ class LogScanner:
             st.next_lsn = next_lsn
             if header.linked or st.chained:
                 self._check_link(header, head_bytes, stored, controls, name, pos)
+            if header.flags & F.FLAG_ENCRYPTED:
+                st.encrypted += 1
+                st.unopened += self.keys is OPAQUE
             batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
