@@ -46,6 +46,10 @@ MANY_BATCH = 1000
 MiB = 1024 * 1024
 
 
+#: A fixed bench key: encryption on vs off costs the same whatever the key.
+_BENCH_KEYS = {"bench": bytes(range(32))}
+
+
 def _persistlog_run(path: str, body: Callable[[persistlog.Log], None], **options: Any) -> float:
     """Open a fresh log at ``path`` (not timed), time ``body(log)``, close (not timed)."""
     lg = persistlog.open(path, no_enumeration, **options)
@@ -90,6 +94,9 @@ def write_throughput(cfg: Config, s: Scratch) -> list[Figure]:
             "naive": baseline(baselines.naive_write, "naive.bin"),
             "update": lambda: _persistlog_run(s.fresh("log-update"), updates),
             "update_unchained": lambda: _persistlog_run(s.fresh("log-update-unchained"), updates, hash_chain=False),
+            "update_encrypted": lambda: _persistlog_run(
+                s.fresh("log-update-encrypted"), updates, key_provider=_BENCH_KEYS.get, key_id="bench"
+            ),
             "update_many": lambda: _persistlog_run(s.fresh("log-many"), many),
             "sqlite": baseline(baselines.sqlite_write, "kv.sqlite"),
             "jsonl": baseline(baselines.jsonl_write, "kv.jsonl"),
@@ -103,6 +110,8 @@ def write_throughput(cfg: Config, s: Scratch) -> list[Figure]:
         vs_baseline(f"update_many() x{MANY_BATCH}", AREA, rate["update_many"], rate["naive"], "naive loop", "rec/s", 1.5),
         vs_baseline("update() with the hash chain", AREA, rate["update"], rate["update_unchained"],
                     "hash_chain=False", "rec/s", 0.95),
+        vs_baseline("update() encrypted (AES-256-GCM)", AREA, rate["update_encrypted"], rate["update"],
+                    "not encrypted", "rec/s", 0.85),
         info("sqlite3 executemany write (WAL)", AREA, rate["sqlite"], "rec/s", rate["naive"], "naive loop"),
         info("JSON lines write", AREA, rate["jsonl"], "rec/s", rate["naive"], "naive loop"),
     ]
@@ -183,8 +192,10 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     n = len(records)
     url = s.fresh("log-restore")
     unchained = s.fresh("log-restore-unchained")
-    for where, chain in ((url, True), (unchained, False)):
-        lg = persistlog.open(where, no_enumeration, hash_chain=chain)
+    encrypted = s.fresh("log-restore-encrypted")
+    keys: dict[str, Any] = {"key_provider": _BENCH_KEYS.get, "key_id": "bench"}
+    for where, options in ((url, {}), (unchained, {"hash_chain": False}), (encrypted, keys)):
+        lg = persistlog.open(where, no_enumeration, **options)
         for b in chunks(records, MANY_BATCH):
             lg.update_many(b)
         lg.close()
@@ -209,6 +220,14 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
 
         return _restore_seconds(unchained, n, replay=replay)
 
+    def by_record_encrypted() -> float:
+        state: dict[Any, Any] = {}
+
+        def replay(r: Any) -> None:
+            state[r["key"]] = r["value"]
+
+        return _restore_seconds(encrypted, n, replay=replay, key_provider=_BENCH_KEYS.get)
+
     def by_batch() -> float:
         state: dict[Any, Any] = {}
 
@@ -223,6 +242,7 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
         {
             "replay": by_record,
             "replay_unchained": by_record_unchained,
+            "replay_encrypted": by_record_encrypted,
             "replay_batch": by_batch,
             "sqlite": lambda: timed(lambda: baselines.sqlite_read_records(s.path("restore-records.sqlite"))),
             "sqlite_kv": lambda: timed(lambda: baselines.sqlite_read(s.path("restore.sqlite"))),
@@ -237,6 +257,8 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
         vs_baseline("restore replay= vs sqlite3", AREA, rate["replay"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
         vs_baseline("restore replay= with the hash chain", AREA, rate["replay"], rate["replay_unchained"],
                     "hash_chain=False", "rec/s", 0.95),
+        vs_baseline("restore replay= encrypted (AES-256-GCM)", AREA, rate["replay_encrypted"], rate["replay"],
+                    "not encrypted", "rec/s", 0.85),
         at_least("restore replay_batch= into a dict", AREA, rate["replay_batch"], 1e6, "rec/s"),
         vs_baseline("restore replay_batch= vs sqlite3", AREA, rate["replay_batch"], rate["sqlite"], "sqlite3", "rec/s", 1.5),
         info("restore replay= vs sqlite3 key/value columns", AREA, rate["replay"], "rec/s",

@@ -18,6 +18,7 @@ from destinations.local import LocalDestination
 from . import _encoder
 from . import _format as F
 from ._codec import Codec, check_depth
+from ._crypt import Keyring, keyring
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._log import Log, LogSettings, destination_at, release_writer_lock
@@ -70,6 +71,8 @@ class StoreOptions(TypedDict, total=False):
     hash_chain: bool
     signing_key: Any
     sign_interval: float
+    key_provider: Callable[[str], Any] | None
+    key_id: str | Callable[[], str] | None
 
 
 class OpenOptions(StoreOptions, total=False):
@@ -111,6 +114,7 @@ def restore(
     storage_options: dict[str, Any] | None = None,
     to_lsn: int | None = None,
     to_time: datetime | None = None,
+    key_provider: Callable[[str], Any] | Keyring | None = None,
 ) -> RestoreResult:
     """Replay the newest complete log at ``url`` and every newer one, in LSN order.
 
@@ -137,6 +141,9 @@ def restore(
     retained, no complete snapshot left before it) raises :class:`PositionError`, which
     names what is there. A point-in-time restore is not where the log ends, so ``open()``
     does not treat it as a restore of the destination.
+
+    ``key_provider`` is the key provider of an encrypted log (``open(key_provider=)``); an encrypted batch
+    without it, or whose key id it does not know, raises :class:`KeyUnavailableError`.
     """
     if to_lsn is not None and to_time is not None:
         raise TypeError("restore() takes to_lsn= or to_time=, not both")
@@ -155,7 +162,7 @@ def restore(
             return RestoreResult(destination=dest.url, found=True, complete=True, next_lsn=F.FIRST_LSN)
         result, _states = restore_from(
             dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec,
-            to_lsn=to_lsn,
+            to_lsn=to_lsn, keys=keyring(key_provider),
         )
     except FileNotFoundError as e:
         if isinstance(e, PersistLogError):
@@ -205,6 +212,8 @@ def open(
     hash_chain: bool = True,
     signing_key: Any = None,
     sign_interval: float = SIGN_INTERVAL,
+    key_provider: Callable[[str], Any] | None = None,
+    key_id: str | Callable[[], str] | None = None,
 ) -> Log:
     """Open the log at ``url`` for writing and start a new log with a full enumeration.
 
@@ -289,6 +298,13 @@ def open(
     chain head in every seal and in a checkpoint written with the first batch
     ``sign_interval`` seconds or more after the last one, so that ``persistlog verify
     --public-key`` can prove the history up to the newest signed head unchanged.
+
+    ``key_provider`` (a callable ``key_id -> 32-byte key``) with ``key_id`` (a str,
+    or a callable returning the id to write with, asked at every batch) encrypts every
+    record batch with AES-256-GCM under that key (``pip install 'persistlog[crypto]'``);
+    the same provider reads the logs back (``restore(key_provider=)``, ``follow(key_provider=)``,
+    ``--key-provider``). Control records (log headers, seals, checkpoints) stay clear;
+    docs/SECURITY.md says what encryption hides and what it does not.
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
@@ -308,12 +324,15 @@ def open(
         raise TypeError(f"discard_existing must be True or False, not {discard_existing!r}")
     if not isinstance(concurrent_enumeration, bool):
         raise TypeError(f"concurrent_enumeration must be True or False, not {concurrent_enumeration!r}")
+    if (key_provider is None) != (key_id is None):
+        raise TypeError("open() encrypts with key_provider= and key_id= together, or neither")
     settings = LogSettings(
         durability=durability,
         batch_bytes=batch_bytes,
         segment_bytes=segment_bytes,
         flush_interval=flush_interval,
         compression=compression,
+        keys=None if key_provider is None else Keyring(key_provider, key_id),
     )
     codec = codec or Codec()
     check_depth(metadata, "metadata")
@@ -362,7 +381,7 @@ def open(
             # new log that takes its place.
             restored = restore(
                 url, replay, replay_batch=replay_batch, recovery=recovery, codec=codec,
-                storage_options=storage_options,
+                storage_options=storage_options, key_provider=settings.keys,
             )
         try:
             logs = list_logs(dest)

@@ -37,6 +37,7 @@ from . import _encoder
 from . import _format as F
 from ._batch_buffer import BatchBuffer, Taking
 from ._chain import Chain
+from ._crypt import Keyring
 from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
 from ._group_commit import GroupCommit
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
@@ -66,7 +67,7 @@ class BatchWriter:
     """Writes one Log's batches and syncs them; see the module docstring."""
 
     __slots__ = (
-        "io_lock", "_dest", "_buffer", "_compression", "_segment_bytes", "_writer_id", "_metadata",
+        "io_lock", "_dest", "_buffer", "_compression", "_keys", "_segment_bytes", "_writer_id", "_metadata",
         "_sync_each", "_sw", "_seq", "_written_lsn", "_durable_lsn", "_failed", "_closed", "_handed_to",
         "_counts", "_log_update_records", "_complete_lsn", "_switching", "_secondaries", "_group",
         "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain", "_checkpoints",
@@ -79,6 +80,7 @@ class BatchWriter:
         buffer: BatchBuffer,
         *,
         compression: int,
+        keys: Keyring | None = None,
         segment_bytes: int,
         sync_each: bool,
         writer_id: str,
@@ -99,6 +101,7 @@ class BatchWriter:
         self._dest = dest
         self._buffer = buffer
         self._compression = compression
+        self._keys = keys
         self._segment_bytes = segment_bytes
         self._writer_id = writer_id
         self._metadata = metadata
@@ -356,7 +359,8 @@ class BatchWriter:
 
     def _frame(self, taking: Taking) -> bytes:
         payload, snaps, first, end = taking
-        return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._chain.head)
+        return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._chain.head,
+                                     self._keys)
 
     def _hand_over(self, flush: bool) -> None:
         """Give the detached batch to the segment writer (and the secondaries)."""

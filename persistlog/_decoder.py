@@ -13,11 +13,14 @@ import json
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from . import _format as F
 from ._codec import RecordRefused, plain_loads
-from ._errors import CodecError, MissingDependencyError
+from ._errors import CodecError, KeyUnavailableError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from ._crypt import Keyring
 
 _crc32 = zlib.crc32
 
@@ -110,21 +113,36 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
     link = F.LINK_SIZE if flags & F.FLAG_LINKED else 0
     if stored < link:
         raise Damage(f"linked batch of {stored} stored bytes, shorter than its link", offset)
-    if flags & F.COMPRESSION_MASK == F.COMPRESSION_NONE and stored - link != raw:
+    if flags & F.FLAG_ENCRYPTED:
+        if flags & F.KIND_MASK == F.KIND_CONTROL:
+            raise Damage("encrypted control batch (control records are never encrypted)", offset)
+        if stored - link < F.SEAL_OVERHEAD_MIN:
+            raise Damage(f"encrypted batch of {stored} stored bytes, shorter than its key id and tag", offset)
+    elif flags & F.COMPRESSION_MASK == F.COMPRESSION_NONE and stored - link != raw:
         raise Damage("uncompressed batch with differing stored and raw lengths", offset)
     if count > max(raw, 1) or (count == 0 and raw):
         raise Damage(f"record count {count} impossible for {raw} payload bytes", offset)
     return BatchHeader(stored, raw, count, flags, first_lsn, commit_us, pcrc)
 
 
-def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) -> bytes:
-    """The raw payload, after its checksum and (bounded) decompression (without the link
-    a chained batch's stored bytes start with)."""
+def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None = None) -> bytes:
+    """The raw payload, after its checksum, decryption (with ``keys``) and (bounded)
+    decompression (without the link a chained batch's stored bytes start with).
+
+    An encrypted batch without ``keys`` raises :class:`KeyUnavailableError`; with
+    ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans)."""
     if _crc32(stored) != header.payload_crc:
         raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
-    if header.flags & F.FLAG_LINKED:
+    if header.flags & F.FLAG_ENCRYPTED:
+        plain = _decrypt(header, stored, offset, keys)
+        if plain is None:
+            return b""  # opaque keys: the structure only
+        stored = plain
+    elif header.flags & F.FLAG_LINKED:
         stored = memoryview(stored)[F.LINK_SIZE:]
     compression = header.flags & F.COMPRESSION_MASK
+    if compression == F.COMPRESSION_NONE and len(stored) != header.raw_len:
+        raise Damage(f"decrypted {len(stored)} bytes, header says {header.raw_len}", offset)
     if compression == F.COMPRESSION_NONE:
         return bytes(stored)
     if compression == F.COMPRESSION_ZSTD:
@@ -149,6 +167,30 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int) 
     if len(raw) != header.raw_len:
         raise Damage(f"decompressed {len(raw)} bytes, header says {header.raw_len}", offset)
     return raw
+
+
+def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None) -> bytes | None:
+    """The decrypted payload of an encrypted batch (None with opaque keys)."""
+    from ._crypt import Opaque
+
+    link = F.LINK_SIZE if header.flags & F.FLAG_LINKED else 0
+    body = memoryview(stored)[link:]
+    if keys is None:
+        n = body[0]
+        kid = bytes(body[1:1 + n]).decode("utf-8", "replace")
+        raise KeyUnavailableError(
+            f"the batch at offset {offset} is encrypted under key id {kid!r} and no key provider was "
+            "given (key_provider=, --key-provider)", key_id=kid,
+        )
+    aad = F.BATCH_AAD.pack(
+        header.raw_len, header.count, header.flags, F.BATCH_MARKER, header.first_lsn, header.commit_us
+    ) + bytes(stored[:link])
+    try:
+        return keys.open(aad, body)
+    except Opaque:
+        return None
+    except ValueError as e:
+        raise Damage(str(e), offset) from None
 
 
 def _zstandard(offset: int) -> Any:

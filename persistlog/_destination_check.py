@@ -17,6 +17,7 @@ from destinations import Destination
 from . import _format as F
 from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
 from ._lock_holder import read_holder
+from ._crypt import Keyring
 from ._log_check import LogCheck
 from ._reader import declares_gap, list_logs, read_pointer
 from ._restore import end_missing
@@ -27,6 +28,7 @@ def inspect_destination(
     *,
     check_records: bool = True,
     progress: Callable[[Progress], None] | None = None,
+    keys: Keyring | None = None,
 ) -> DestinationReport:
     """Read every log at ``dest`` and report what is there and what is wrong with it.
 
@@ -35,7 +37,8 @@ def inspect_destination(
     headers and seals are checked per log (:class:`LogCheck`); the seq chain, the LSN chain
     across logs and CURRENT here. ``progress`` is called after every batch. Raises
     :class:`DestinationError` when the storage cannot be read; damage never raises, it is
-    reported.
+    reported. ``keys`` opens encrypted batches (``_crypt.OPAQUE``: their payloads stay
+    shut); an encrypted batch without a key raises :class:`KeyUnavailableError`.
     """
     report = DestinationReport(url=dest.url, exists=dest.exists(), appendable=dest.appendable)
     report.holder = read_holder(dest)
@@ -89,7 +92,7 @@ def inspect_destination(
             )
             expect = None  # the gap is the finding; do not report the LSN jump twice
         link = previous.chain_head if previous is not None and expect == previous.next_lsn else None
-        reader = LogCheck(dest, seq, segments, expect, check_records, on_batch, link)
+        reader = LogCheck(dest, seq, segments, expect, check_records, on_batch, link, keys)
         info = reader.read()
         info.continues = previous is not None and not declared and not after_oldest
         if declared:

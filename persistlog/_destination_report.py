@@ -152,6 +152,10 @@ class LogInfo:
     continues: bool = False
     #: Its signed checkpoints and signed seal, in order.
     signed: list[SignedHead] = field(default_factory=list)
+    #: Encrypted batches read, and those not opened (read without a key provider: their
+    #: CRCs and links checked, their GCM tags not).
+    encrypted_batches: int = 0
+    unopened_batches: int = 0
 
     @property
     def bytes(self) -> int:
@@ -193,6 +197,8 @@ class LogInfo:
             "writer": self.writer,
             "fenced_by": self.fenced_by,
             "chain_head": None if self.chain_head is None else self.chain_head.hex(),
+            "encrypted_batches": self.encrypted_batches,
+            "unopened_batches": self.unopened_batches,
             "created_us": self.created_us,
             "vanished": self.vanished,
             "problems": [p.to_dict() for p in self.problems],

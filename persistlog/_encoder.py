@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cbor2
 
 from . import _format as F
+
+if TYPE_CHECKING:
+    from ._crypt import Keyring
 
 _crc32 = zlib.crc32
 
@@ -34,13 +37,21 @@ def _compress(raw: bytes, compression: int) -> bytes:
 
 
 def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
-          compression: int = F.COMPRESSION_NONE, link: bytes | None = None) -> bytes:
+          compression: int = F.COMPRESSION_NONE, link: bytes | None = None,
+          keys: Keyring | None = None) -> bytes:
     """One batch: header (with both checksums) followed by the stored payload, which starts
-    with ``link`` (the hash of the batch before it) in a chained log."""
+    with ``link`` (the hash of the batch before it) in a chained log; with ``keys`` the
+    (possibly compressed) payload is sealed under its writing key (docs/FORMAT.md,
+    "Encrypted batches")."""
     stored = _compress(payload, compression) if compression else payload
     if compression and len(stored) >= len(payload):
         # Incompressible: store it raw rather than pay to inflate it on every read.
         stored, compression = payload, F.COMPRESSION_NONE
+    if keys is not None:
+        compression |= F.FLAG_ENCRYPTED
+        flags = kind | compression | (F.FLAG_LINKED if link is not None else 0)
+        aad = F.BATCH_AAD.pack(len(payload), count, flags, F.BATCH_MARKER, first_lsn, commit_us)
+        stored = keys.seal(aad + (link or b""), stored)
     if link is None:
         head = F.BATCH_HEADER.pack(
             len(stored), len(payload), count, kind | compression, F.BATCH_MARKER, first_lsn,
@@ -55,9 +66,11 @@ def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
 
 
 def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn: int,
-                 commit_us: int, compression: int = F.COMPRESSION_NONE, link: bytes | None = None) -> bytes:
+                 commit_us: int, compression: int = F.COMPRESSION_NONE, link: bytes | None = None,
+                 keys: Keyring | None = None) -> bytes:
     """A batch of app records already encoded as one CBOR sequence; ``snapshots`` lists
-    the indexes of the records that came from an enumeration (the rest are updates)."""
+    the indexes of the records that came from an enumeration (the rest are updates).
+    With ``keys`` (an encrypted log) the payload is sealed; control batches never are."""
     if not snapshots:
         kind = F.KIND_UPDATE
     elif len(snapshots) == count:
@@ -67,7 +80,7 @@ def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn
         for i in snapshots:
             bitmap[i >> 3] |= 1 << (i & 7)
         kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + payload
-    return frame(payload, count, kind, first_lsn, commit_us, compression, link)
+    return frame(payload, count, kind, first_lsn, commit_us, compression, link, keys)
 
 
 def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: int,

@@ -14,6 +14,7 @@
     ├── EnumerationStalled     an update held for an enumeration that emitted nothing for 10 s
     ├── LogNotFoundError       restore(missing_ok=False) found no log (also a FileNotFoundError)
     ├── MissingDependencyError reading needs an optional package that is not installed (also an ImportError)
+    ├── KeyUnavailableError    an encrypted batch and no key for its key id: no provider, unknown id, wrong key
     ├── ResetRequired          a follower's cursor (a consumer's position) points at data retention already deleted
     ├── PositionError          an LSN or time the logs do not hold: before retention, past the end (also a ValueError)
     ├── ExistingLogError       open() over records nobody restored (restore first, or discard)
@@ -31,16 +32,17 @@ class PersistLogError(Exception):
     """Base class of every error persistlog raises on purpose."""
 
 
-class CorruptLogError(PersistLogError):
-    """Stored bytes failed a check. Names where: destination, log, segment and offset."""
+class _Where:
+    """Where stored bytes sit (destination, log, segment, offset), said after a reason."""
+
+    reason: str
+    destination: str
+    log: int | None
+    segment: str | None
+    offset: int | None
 
     def __init__(
-        self,
-        reason: str,
-        *,
-        destination: str = "",
-        log: int | None = None,
-        segment: str | None = None,
+        self, reason: str, destination: str = "", log: int | None = None, segment: str | None = None,
         offset: int | None = None,
     ) -> None:
         self.reason = reason
@@ -48,7 +50,7 @@ class CorruptLogError(PersistLogError):
         self.log = log
         self.segment = segment
         self.offset = offset
-        super().__init__(self._message())
+        Exception.__init__(self, self._message())  # type: ignore[arg-type]
 
     def _message(self) -> str:
         where = []
@@ -61,6 +63,21 @@ class CorruptLogError(PersistLogError):
         if self.offset is not None:
             where.append(f"offset {self.offset}")
         return f"{self.reason} ({', '.join(where)})" if where else self.reason
+
+
+class CorruptLogError(PersistLogError, _Where):
+    """Stored bytes failed a check. Names where: destination, log, segment and offset."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        destination: str = "",
+        log: int | None = None,
+        segment: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        _Where.__init__(self, reason, destination, log, segment, offset)
 
 
 class WriterConflict(PersistLogError):
@@ -162,6 +179,38 @@ class MissingDependencyError(PersistLogError, ImportError):
         super().__init__(message, name=package)
         self.package = package
         self.extra = extra
+
+
+class KeyUnavailableError(PersistLogError, _Where):
+    """An encrypted batch that cannot be read with the keys at hand: no key provider was
+    given (``key_provider=``, ``--key-provider``), the provider has no key for the batch's key id,
+    or its key is not the one the batch was sealed with. Never damage, so never
+    :class:`CorruptLogError` and never skipped by ``recovery="skip"``: the bytes are fine,
+    the key is missing. Names the destination, log, segment, offset and ``key_id``; never
+    the key.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        key_id: str | None = None,
+        destination: str = "",
+        log: int | None = None,
+        segment: str | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.key_id = key_id
+        _Where.__init__(self, reason, destination, log, segment, offset)
+
+
+def missing_cryptography(needs: str, extra: str) -> MissingDependencyError:
+    """The error for ``needs`` (what needs it) without the cryptography package."""
+    return MissingDependencyError(
+        f"{needs} need the cryptography package, which is not installed: pip install 'persistlog[{extra}]'",
+        package="cryptography",
+        extra=extra,
+    )
 
 
 class ResetRequired(PersistLogError):

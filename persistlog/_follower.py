@@ -31,6 +31,7 @@ from destinations import Destination, open_destination
 
 from . import _format as F
 from ._codec import Codec
+from ._crypt import Keyring, keyring
 from ._cursor import Cursor
 from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
 from ._decoder import Damage, parse_segment_header
@@ -138,8 +139,10 @@ class Follower:
         codec: Codec,
         recovery: str,
         wait_for_log: bool = False,
+        keys: Keyring | None = None,
     ) -> None:
         self.dest = dest
+        self._keys = keys
         self._wait_for_log = wait_for_log
         self._replay = replay
         self._replay_batch = replay_batch
@@ -486,7 +489,7 @@ class Follower:
         # its own code between batches.
         with nullcontext() if self._keep_records else gc_pause.during_replay():
             try:
-                for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok):
+                for scanner, batch in scan_from(self.dest, p, recovery=self._recovery, tail_ok=tail_ok, keys=self._keys):
                     st = scanner.state
                     self._sealed = st.sealed
                     after = Cursor(scanner.seq, st.position[0], st.position[1], st.next_lsn or batch.first_lsn)
@@ -593,6 +596,7 @@ class Follower:
             start=(cur.segment, cur.offset, cur.next_lsn),
             tail_ok=not final and self.dest.appendable,
             more_segments=more_segments,
+            keys=self._keys,
         )
         for batch in scanner:
             st = scanner.state
@@ -639,6 +643,7 @@ def follow(
     codec: Codec | None = None,
     recovery: str = "strict",
     wait_for_log: bool = False,
+    key_provider: Callable[[str], Any] | Keyring | None = None,
 ) -> Follower:
     """Follow the log at ``url``: restore (or resume after ``cursor``), then apply new
     records as they arrive.
@@ -667,6 +672,8 @@ def follow(
     record retained), :meth:`Cursor.at_lsn`, :meth:`Cursor.at_time`. A follower started
     at a position replays the log's history from there (snapshot records of later
     rotations included, in LSN order), not a restore.
+
+    ``key_provider`` is the key provider of an encrypted log, as for :func:`persistlog.restore`.
     """
     if replay is not None and replay_batch is not None:
         raise TypeError("follow() takes replay= or replay_batch=, not both")
@@ -687,6 +694,7 @@ def follow(
         codec=codec or Codec(),
         recovery=recovery,
         wait_for_log=wait_for_log,
+        keys=keyring(key_provider),
     )
 
 

@@ -72,7 +72,20 @@ COMPRESSION_ZSTD = 0x0008  # zstandard frame with its content size
 # hash chain of format version 2; set on every batch of a version 2 segment, never in 1).
 FLAG_LINKED = 0x0010
 LINK_SIZE = 32
-KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED
+# The payload (after the link) is sealed with AES-256-GCM: a key id, a key check and a
+# nonce, then the ciphertext of the (possibly compressed) payload and its 16-byte tag.
+FLAG_ENCRYPTED = 0x0020
+KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED | FLAG_ENCRYPTED
+# The clear batch header fields an encrypted payload is bound to (associated data): raw
+# length, count, flags, marker, first LSN, commit time (batch header bytes 4..31).
+BATCH_AAD = struct.Struct("<IIH2sQq")
+KEY_ID_MAX_BYTES = 255
+KEY_CHECK_SIZE = 8
+KEY_CHECK_DOMAIN = b"persistlog key check v1"
+NONCE_SIZE = 12
+TAG_SIZE = 16
+# The least an encrypted payload adds: key id length, a 1-byte key id, check, nonce, tag.
+SEAL_OVERHEAD_MIN = 1 + 1 + KEY_CHECK_SIZE + NONCE_SIZE + TAG_SIZE
 
 # Limits, checked before any allocation driven by bytes read from storage.
 MAX_BATCH_BYTES = 64 * 1024 * 1024

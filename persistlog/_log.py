@@ -41,6 +41,7 @@ from . import _format as F
 from ._batch_buffer import BatchBuffer
 from ._batch_writer import BatchWriter
 from ._codec import Codec
+from ._crypt import Keyring
 from ._errors import DestinationError, HandedOver, PersistLogError, WriterConflict
 from ._handover import HandoverRequest, HandoverWatch
 from ._restore import RestoreResult
@@ -80,7 +81,7 @@ def destination_at(url: str | os.PathLike[str], storage_options: dict[str, Any] 
 class LogSettings:
     """Validated write options of one Log."""
 
-    __slots__ = ("durability", "batch_bytes", "segment_bytes", "flush_interval", "compression", "compression_name")
+    __slots__ = ("durability", "batch_bytes", "segment_bytes", "flush_interval", "compression", "compression_name", "keys")
 
     def __init__(
         self,
@@ -90,6 +91,7 @@ class LogSettings:
         segment_bytes: int,
         flush_interval: float | None,
         compression: str | None,
+        keys: Keyring | None = None,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -116,6 +118,8 @@ class LogSettings:
         self.flush_interval = flush_interval
         self.compression = COMPRESSIONS[compression]
         self.compression_name = compression
+        #: The keys record batches are sealed with (None: not encrypted).
+        self.keys = keys
 
 
 class LogParts(NamedTuple):
@@ -216,6 +220,7 @@ class Log:
             dest,
             buffer,
             compression=settings.compression,
+            keys=settings.keys,
             segment_bytes=settings.segment_bytes,
             sync_each=self._sync_each,
             writer_id=writer_id,

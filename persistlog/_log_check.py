@@ -19,6 +19,7 @@ from . import _format as F
 from ._codec import Codec
 from ._decoder import Damage, parse_batch_header
 from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
+from ._crypt import OPAQUE, Keyring
 from ._reader import LogScanner
 
 
@@ -41,8 +42,10 @@ class LogCheck:
         check_records: bool,
         on_batch: Callable[[int, int], None] | None,
         expect_link: bytes | None = None,
+        keys: Keyring | None = None,
     ) -> None:
         self.dest = dest
+        self.keys = keys
         self.expect_link = expect_link
         self.seq = seq
         self.segments = segments
@@ -69,7 +72,7 @@ class LogCheck:
             before[seg.number] = (index, total)
             total += seg.bytes
         scanner = LogScanner(self.dest, self.seq, self.segments, recovery="skip", expect_first_lsn=self.expect,
-                             expect_link=self.expect_link)
+                             expect_link=self.expect_link, keys=self.keys)
         st = scanner.state
         seen = 0
         # App records of the intact batches read so far, the LSN due after the last of
@@ -111,7 +114,7 @@ class LogCheck:
                 count = 0 if batch.is_control else batch.header.count
                 if batch.controls is not None:
                     self._controls(info, batch.controls, batch.segment, batch.offset, batch.end)
-                elif self.check_records:
+                elif self.check_records and not (self.keys is OPAQUE and batch.header.flags & F.FLAG_ENCRYPTED):
                     try:
                         for _first, _records in batch.record_slices(self.loads):
                             pass
@@ -138,6 +141,7 @@ class LogCheck:
         info.complete = st.complete
         info.sealed = st.sealed
         info.chain_head = st.chain_head if st.chained else None
+        info.encrypted_batches, info.unopened_batches = st.encrypted, st.unopened
         info.first_link = st.first_link
         if st.torn is not None:
             t = st.torn

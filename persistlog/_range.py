@@ -10,7 +10,7 @@ restore, it starts anywhere: what it yields is the log's history from there, not
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from destinations import Destination, open_destination
 
 from ._codec import Codec
+from ._crypt import Keyring, keyring
 from ._cursor import Cursor
 from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError
@@ -90,6 +91,7 @@ def read(
     *,
     storage_options: dict[str, Any] | None = None,
     codec: Codec | None = None,
+    key_provider: Callable[[str], Any] | Keyring | None = None,
 ) -> Iterator[LoggedRecord]:
     """The records at ``url`` from ``start`` up to (not including) ``stop``, in LSN order.
 
@@ -106,7 +108,8 @@ def read(
 
     Records come as :class:`LoggedRecord` (LSN, record, kind, commit time, cursor). The
     generator reads nothing until it is iterated, and holds the destination open until it
-    is exhausted or closed.
+    is exhausted or closed. ``key_provider`` is the key provider of an encrypted log, as for
+    :func:`persistlog.restore`.
     """
     if storage_options is not None and not isinstance(storage_options, dict):
         raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
@@ -116,11 +119,11 @@ def read(
         elif not (position is None or isinstance(position, Cursor)
                   or (isinstance(position, int) and not isinstance(position, bool))):
             raise TypeError(f"{name} must be an LSN, a datetime, a Cursor or None, not {type(position).__name__}")
-    return _records(url, start, stop, storage_options, codec or Codec())
+    return _records(url, start, stop, storage_options, codec or Codec(), keyring(key_provider))
 
 
 def _records(url: str | os.PathLike[str], start: Position, stop: Position,
-             storage_options: dict[str, Any] | None, codec: Codec) -> Iterator[LoggedRecord]:
+             storage_options: dict[str, Any] | None, codec: Codec, keys: Keyring | None) -> Iterator[LoggedRecord]:
     dest = open_destination(url, **(storage_options or {}))
     try:
         view, place = _start_place(dest, start)
@@ -128,13 +131,13 @@ def _records(url: str | os.PathLike[str], start: Position, stop: Position,
         stop_us = utc_micros(stop) if isinstance(stop, datetime) else None
         if stop_lsn is not None and stop_lsn < place.lsn:
             raise ValueError(f"stop (LSN {stop_lsn}) is before start (LSN {place.lsn})")
-        yield from _scan(dest, view, place, stop_lsn, stop_us, codec)
+        yield from _scan(dest, view, place, stop_lsn, stop_us, codec, keys)
     finally:
         dest.close()
 
 
 def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, stop_us: int | None,
-          codec: Codec) -> Iterator[LoggedRecord]:
+          codec: Codec, keys: Keyring | None = None) -> Iterator[LoggedRecord]:
     loads = codec.loads
     logs = view.logs
     seqs = [s for s in view.seqs if s >= place.log]
@@ -151,6 +154,7 @@ def _scan(dest: Destination, view: LogView, place: Place, stop_lsn: int | None, 
             start=place.scan_start if i == 0 else None,
             # The newest log may be written as we read: a batch cut short there is not yet.
             tail_ok=dest.appendable and i == len(seqs) - 1,
+            keys=keys,
         )
         for batch in scanner:
             if batch.is_control:

@@ -34,7 +34,8 @@ from ._decoder import (
     split_records,
 )
 from ._encoder import seal_trailer
-from ._errors import CorruptLogError, DestinationError, MissingDependencyError
+from ._crypt import OPAQUE, Keyring
+from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, MissingDependencyError
 
 log = logging.getLogger("persistlog")
 
@@ -160,6 +161,10 @@ class LogState:
     first_link: bytes | None = None
     # The chain head where the scan stopped: the hash of the last batch that moves it.
     chain_head: bytes | None = None
+    # Encrypted batches read, and how many of them were not opened (structure-only keys):
+    # their CRCs and links were checked, their GCM tags not.
+    encrypted: int = 0
+    unopened: int = 0
 
     @property
     def complete(self) -> bool:
@@ -468,6 +473,7 @@ class LogScanner:
         tail_ok: bool = False,
         more_segments: bool = False,
         read_chunk: int = READ_CHUNK,
+        keys: Keyring | None = None,
     ) -> None:
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
@@ -491,6 +497,9 @@ class LogScanner:
         # none of them may end in a torn tail.
         self.more_segments = more_segments
         self.read_chunk = read_chunk
+        # The keys of an encrypted log (None: a batch that is encrypted raises
+        # KeyUnavailableError; ``_crypt.OPAQUE``: structure only, payloads stay shut).
+        self.keys = keys
         self.state = LogState(seq=seq, segments=segments)
 
     # -- errors -------------------------------------------------------------------------
@@ -596,7 +605,7 @@ class LogScanner:
                         torn_shape=True,
                     )
                 stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
-                raw = check_payload(header, stored, pos)
+                raw = check_payload(header, stored, pos, self.keys)
                 if header.kind == F.KIND_CONTROL:
                     controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
                 else:
@@ -604,6 +613,11 @@ class LogScanner:
             except MissingDependencyError as e:
                 raise MissingDependencyError(
                     f"{self.dest.url} log {self.seq} segment {name}: {e}", package=e.package, extra=e.extra
+                ) from None
+            except KeyUnavailableError as e:
+                # Never damage, never skipped: the bytes are fine, the key is not here.
+                raise KeyUnavailableError(
+                    e.reason, key_id=e.key_id, destination=self.dest.url, log=self.seq, segment=name, offset=pos
                 ) from None
             except Damage as d:
                 # A crash can leave only the end of the last segment unfinished: a short or
@@ -635,6 +649,9 @@ class LogScanner:
             st.next_lsn = next_lsn
             if header.linked or st.chained:
                 self._check_link(header, head_bytes, stored, controls, name, pos)
+            if header.flags & F.FLAG_ENCRYPTED:
+                st.encrypted += 1
+                st.unopened += self.keys is OPAQUE
             batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
@@ -863,7 +880,7 @@ def chain_end(dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: d
     segments = logs[seq]
     for i in range(len(segments) - 1, -1, -1):
         # A segment a writer rolled to may hold no batch yet: the head is in one before it.
-        scanner = LogScanner(dest, seq, segments[: i + 1], start=(segments[i][0], 0, None))
+        scanner = LogScanner(dest, seq, segments[: i + 1], start=(segments[i][0], 0, None), keys=OPAQUE)
         for _batch in scanner:
             pass
         st = scanner.state
@@ -877,7 +894,7 @@ def chain_end(dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: d
 def last_segment_state(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> LogState:
     """What a strict scan of the last of ``segments`` (of log ``seq``) finds: where the log
     ends (``next_lsn``), and whether it is sealed or fenced there."""
-    scanner = LogScanner(dest, seq, segments, start=(segments[-1][0], 0, None))
+    scanner = LogScanner(dest, seq, segments, start=(segments[-1][0], 0, None), keys=OPAQUE)
     for _batch in scanner:
         pass
     return scanner.state

@@ -41,6 +41,7 @@ from destinations.local import LocalDestination, fsync_dir
 from . import _encoder
 from . import _format as F
 from ._errors import DestinationError, WriterConflict
+from ._crypt import Keyring
 from ._destination_check import inspect_destination
 from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
 from ._reader import closed_end
@@ -358,6 +359,7 @@ def repair(
     dry_run: bool = False,
     owner: str = "persistlog repair",
     progress: Callable[[Progress], None] | None = None,
+    keys: Keyring | None = None,
 ) -> RepairResult:
     """Repair the local destination ``dest``; see the module docstring.
 
@@ -365,6 +367,8 @@ def repair(
     except with ``dry_run``, which only plans. Without ``force`` a plan that needs it is
     not carried out (``result.refused``). Raises ``ValueError`` for a destination that is
     not local. ``progress`` is passed to the scan (see :func:`inspect_destination`).
+    An encrypted batch that ``keys`` cannot open raises :class:`KeyUnavailableError` before
+    anything is changed: what cannot be read is never cut.
     """
     if not isinstance(dest, LocalDestination):
         raise ValueError(
@@ -372,7 +376,7 @@ def repair(
             "segments are written whole and create-only, so nothing is ever torn there"
         )
     if dry_run:
-        plan = plan_repair(inspect_destination(dest, progress=progress))
+        plan = plan_repair(inspect_destination(dest, progress=progress, keys=keys))
         return RepairResult(plan, done=False, refused=plan.needs_force and not force, dry_run=True)
     try:
         lock = dest.lock(owner)
@@ -383,7 +387,7 @@ def repair(
     except OSError as e:
         raise DestinationError(f"cannot lock {dest.url}: {e}") from e
     try:
-        plan = plan_repair(inspect_destination(dest, progress=progress))
+        plan = plan_repair(inspect_destination(dest, progress=progress, keys=keys))
         if not plan.actions:
             return RepairResult(plan, done=True, after=plan.report)
         if plan.needs_force and not force:
@@ -394,7 +398,7 @@ def repair(
         except OSError as e:
             raise DestinationError(f"repair of {dest.url} failed part way ({e}); run it again") from e
         result.done = True
-        result.after = inspect_destination(dest)
+        result.after = inspect_destination(dest, keys=keys)
         return result
     finally:
         lock.release()

@@ -19,6 +19,7 @@ from typing import Any
 from destinations import Destination
 
 from ._codec import Codec
+from ._crypt import OPAQUE, Keyring
 from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
 from ._format import FIRST_LSN, HEADER_AFTER_GAP, segment_name
@@ -160,7 +161,7 @@ def plan_until(dest: Destination, to_lsn: int) -> ReplayPlan:
     pointer = read_pointer(dest)
     seq = place.log
     while True:
-        scanner = LogScanner(dest, seq, logs[seq])
+        scanner = LogScanner(dest, seq, logs[seq], keys=OPAQUE)
         complete_lsn = next((scanner.state.complete_lsn for _batch in scanner if scanner.state.complete), None)
         if complete_lsn is not None and complete_lsn <= to_lsn:
             return ReplayPlan(logs, seq, True, pointer)
@@ -174,7 +175,7 @@ def plan_until(dest: Destination, to_lsn: int) -> ReplayPlan:
 
 
 def _is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> bool:
-    scanner = LogScanner(dest, seq, segments)
+    scanner = LogScanner(dest, seq, segments, keys=OPAQUE)
     return any(scanner.state.complete for _batch in scanner)
 
 
@@ -259,7 +260,8 @@ def _grew(dest: Destination, st: LogState, segments: list[tuple[int, str]]) -> b
 
 
 def scan_from(
-    dest: Destination, p: ReplayPlan, *, recovery: str = "strict", tail_ok: bool = False
+    dest: Destination, p: ReplayPlan, *, recovery: str = "strict", tail_ok: bool = False,
+    keys: Keyring | None = None,
 ) -> Iterator[tuple[LogScanner, Batch]]:
     """Every batch from the plan's start log onward, with the seq and LSN chain checked.
 
@@ -285,7 +287,7 @@ def scan_from(
             )
         scanner = LogScanner(
             dest, seq, p.logs[seq], recovery=recovery, expect_first_lsn=expect, expect_link=link,
-            tail_ok=tail_ok and i == len(seqs) - 1,
+            tail_ok=tail_ok and i == len(seqs) - 1, keys=keys,
         )
         for batch in scanner:
             yield scanner, batch
@@ -393,6 +395,7 @@ def restore_from(
     missing_ok: bool = True,
     codec: Codec | None = None,
     to_lsn: int | None = None,
+    keys: Keyring | None = None,
 ) -> tuple[RestoreResult, list[LogState]]:
     if (replay is None) == (replay_batch is None):
         raise TypeError("restore() needs exactly one of replay= or replay_batch=")
@@ -414,7 +417,7 @@ def restore_from(
     current: LogScanner | None = None
     try:
         with gc_pause.during_replay():
-            for scanner, batch in scan_from(dest, p, recovery=recovery):
+            for scanner, batch in scan_from(dest, p, recovery=recovery, keys=keys):
                 if scanner is not current:
                     current = scanner
                     states.append(scanner.state)

@@ -17,6 +17,7 @@ from destinations import Destination
 
 from . import _format as F
 from ._decoder import Damage, parse_batch_header
+from ._crypt import OPAQUE
 from ._reader import LogScanner
 
 
@@ -56,7 +57,8 @@ def _boundaries(dest: Destination, log: int, segment: int) -> list[int]:
     """Where batches start and end in one segment (and where damage starts: a boundary
     too, which the follower then reports as it finds it), read by the one reader."""
     name = F.segment_name(log, segment)
-    scanner = LogScanner(dest, log, [(segment, name)], recovery="skip", start=(segment, 0, None), tail_ok=True)
+    scanner = LogScanner(dest, log, [(segment, name)], recovery="skip", start=(segment, 0, None), tail_ok=True,
+                         keys=OPAQUE)
     found = {F.SEGMENT_HEADER_SIZE}
     for batch in scanner:
         found.update((batch.offset, batch.end))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from destinations import Destination
 
 from . import _format as F
+from ._crypt import OPAQUE
 from ._decoder import Damage, parse_batch_header
 from ._errors import PersistLogError
 from ._positions import PositionStore
@@ -81,7 +82,7 @@ def log_started(dest: Destination, segments: list[tuple[int, str]]) -> float | N
 
 def is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> bool:
     """Whether log ``seq`` holds a snapshot-complete marker (stops reading at it)."""
-    scanner = LogScanner(dest, seq, segments)
+    scanner = LogScanner(dest, seq, segments, keys=OPAQUE)
     try:
         for _batch in scanner:
             if scanner.state.complete:

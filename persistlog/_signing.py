@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _encoder
 from . import _format as F
-from ._errors import MissingDependencyError
+from ._errors import missing_cryptography
 
 #: Seconds between checkpoints of a writer that keeps writing (``open(sign_interval=)``).
 SIGN_INTERVAL = 60.0
@@ -30,12 +30,7 @@ def _ed25519() -> Any:
     try:
         from cryptography.hazmat.primitives.asymmetric import ed25519
     except ImportError:
-        raise MissingDependencyError(
-            "signed checkpoints need the cryptography package, which is not installed: "
-            "pip install 'persistlog[audit]'",
-            package="cryptography",
-            extra="audit",
-        ) from None
+        raise missing_cryptography("signed checkpoints", "audit") from None
     return ed25519
 
 

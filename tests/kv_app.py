@@ -67,7 +67,7 @@ class App:
         restored: dict[Any, Any] = {}
         result = persistlog.restore(
             url, lambda r: apply(restored, r),
-            **{k: options[k] for k in ("storage_options", "codec") if k in options},
+            **{k: options[k] for k in ("storage_options", "codec", "key_provider") if k in options},
         )
         if result.found:
             self.data = restored

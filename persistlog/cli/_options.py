@@ -15,6 +15,7 @@ from typing import Any
 from destinations import Destination, open_destination
 
 from .. import _format as F
+from .._crypt import Keyring, provider_named
 
 
 class UsageError(Exception):
@@ -60,6 +61,12 @@ def common_options() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="fsspec option for the destination (repeatable; VALUE is parsed as JSON when it can be)",
     )
+    common.add_argument(
+        "--key-provider",
+        metavar="MODULE:CALLABLE",
+        help="key provider of an encrypted log: an importable callable key_id -> 32-byte key "
+        "(the same one the writer's open(key_provider=) got); never the key itself",
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     return common
@@ -89,6 +96,22 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
             node = child
         node[leaf] = value
     return options
+
+
+def load_key_provider(spec: str | None) -> Keyring | None:
+    """The key provider ``MODULE:CALLABLE`` names (``--key-provider``), imported; None for
+    None. A bad name is a usage error."""
+    if spec is None:
+        return None
+    try:
+        return provider_named(spec)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--key-provider {e}") from None
+
+
+def key_provider(args: argparse.Namespace) -> Keyring | None:
+    """The key provider named on the command line (``--key-provider``), or None."""
+    return load_key_provider(getattr(args, "key_provider", None))
 
 
 def open_dest(args: argparse.Namespace) -> Destination:

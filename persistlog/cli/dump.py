@@ -23,7 +23,7 @@ from .._errors import CorruptLogError, PositionError
 from .._reader import LogScanner, list_logs
 from .._seek import seek, utc_micros
 from ._console import EXIT_DAMAGED, EXIT_OK, error
-from ._options import UsageError, add_start_options, check_start, iso_time, open_log
+from ._options import UsageError, add_start_options, check_start, iso_time, key_provider, open_log
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -132,6 +132,7 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
         seqs = sorted(logs)
     writer = RecordWriter(sys.stdout, args.json)
     loads = Codec().loads
+    keys = key_provider(args)
     from_lsn = args.from_lsn or 0
     if args.from_time is not None:
         from_lsn = _lsn_at(dest, args.from_time)
@@ -147,7 +148,7 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
         if i == 0 and first_segment:
             number = segments[first_segment][0]
             start = (number, 0, None)
-        scanner = LogScanner(dest, seq, segments, recovery="skip", start=start)
+        scanner = LogScanner(dest, seq, segments, recovery="skip", start=start, keys=keys)
         for batch in scanner:
             if (to_lsn is not None and batch.first_lsn > to_lsn) or (to_us is not None and batch.header.commit_us > to_us):
                 ended = True  # past the end asked for

@@ -15,11 +15,12 @@ import argparse
 import time
 from typing import Any
 
+from .._crypt import OPAQUE
 from .._destination_check import inspect_destination
 from .._destination_report import DestinationReport, Progress
 from .._lock_holder import Holder
 from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
-from ._options import open_log
+from ._options import key_provider, open_log
 
 EXAMPLES = """\
 examples:
@@ -51,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     dest = open_log(args)
     line = ProgressLine("info")
     try:
-        report = inspect_destination(dest, check_records=False, progress=progress_callback(line))
+        # Without a key provider the structure is read and encrypted payloads stay shut.
+        report = inspect_destination(
+            dest, check_records=False, progress=progress_callback(line), keys=key_provider(args) or OPAQUE
+        )
     finally:
         line.done()
         dest.close()

@@ -27,9 +27,9 @@ import argparse
 from typing import Any
 
 from .._repair import RepairPlan, RepairResult, repair
-from .._errors import MissingDependencyError
+from .._errors import KeyUnavailableError, MissingDependencyError
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
-from ._options import UsageError, open_log
+from ._options import UsageError, key_provider, open_log
 from .info import progress_callback
 
 EXAMPLES = """\
@@ -59,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     line = ProgressLine("repair")
     try:
         try:
-            result = repair(dest, force=args.force, dry_run=args.dry_run, progress=progress_callback(line))
+            result = repair(
+                dest, force=args.force, dry_run=args.dry_run, progress=progress_callback(line), keys=key_provider(args)
+            )
         except ValueError as e:
             raise UsageError(str(e)) from None
-        except MissingDependencyError as e:
+        except (MissingDependencyError, KeyUnavailableError) as e:
             # Unreadable is not damaged: cutting there would throw sound records away.
             return fail(args, f"repair refused, nothing changed: cannot check {args.url}: {e}", EXIT_USAGE)
     finally:

@@ -19,7 +19,7 @@ from .._errors import CorruptLogError
 from .._jsonify import to_json
 from .._restore import RestoreResult
 from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fail, fmt_time, iso_time, plural, print_json
-from ._options import open_log, parse_storage_options
+from ._options import key_provider, open_log, parse_storage_options
 
 EXAMPLES = """\
 examples:
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             replay_batch=model.apply_batch,
             recovery=args.recovery,
             storage_options=parse_storage_options(args.storage_options),
+            key_provider=key_provider(args),
         )
     except CorruptLogError as e:
         line.done()

@@ -37,7 +37,7 @@ from .._cursor import Cursor
 from .._errors import LogNotFoundError
 from .._follower import Follower, follow
 from ._console import EXIT_OK, error
-from ._options import UsageError, add_start_options, check_start, open_log, parse_storage_options
+from ._options import UsageError, add_start_options, check_start, key_provider, open_log, parse_storage_options
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             on_reset=on_reset,
             storage_options=parse_storage_options(args.storage_options),
             wait_for_log=args.wait,
+            key_provider=key_provider(args),
         )
     except ValueError as e:
         raise UsageError(str(e)) from None

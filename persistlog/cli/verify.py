@@ -17,12 +17,13 @@ import argparse
 from typing import Any
 
 from .._audit import Audit, audit
+from .._crypt import OPAQUE
 from .._destination_check import inspect_destination
 from .._destination_report import DestinationReport, Problem, SignedHead
-from .._errors import MissingDependencyError
+from .._errors import KeyUnavailableError, MissingDependencyError
 from .._signing import Verifier
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
-from ._options import open_log
+from ._options import key_provider, open_log
 from .info import progress_callback, report_json
 
 EXAMPLES = """\
@@ -75,8 +76,12 @@ def run(args: argparse.Namespace) -> int:
     dest = open_log(args)
     line = ProgressLine("verify")
     try:
-        report = inspect_destination(dest, check_records=True, progress=progress_callback(line))
-    except MissingDependencyError as e:
+        # Without a key provider everything but the GCM tags is checked (an auditor holding
+        # only the public key proves the ciphertext through the chain and signatures).
+        report = inspect_destination(
+            dest, check_records=True, progress=progress_callback(line), keys=key_provider(args) or OPAQUE
+        )
+    except (MissingDependencyError, KeyUnavailableError) as e:
         # The bytes may well be sound: what cannot be read was not checked, so it is
         # neither clean (0) nor damaged (1).
         return fail(args, f"cannot check {args.url}: {e}", EXIT_USAGE)
@@ -87,8 +92,10 @@ def run(args: argparse.Namespace) -> int:
     checked = audit(report, verifier) if verifier is not None else None
     if checked is not None and not checked.ok:
         damaged = True
+    unopened = sum(info.unopened_batches for info in report.logs)
     if args.json:
         out = report_json(report)
+        out["unopened_batches"] = unopened
         if checked is not None:
             out["signed"] = audit_json(checked)
         out["ok"] = not damaged
@@ -97,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
         print_verdict(report, damaged)
         if checked is not None:
             print_audit(checked)
+        if unopened:
+            print(f"{unopened} encrypted batches not opened (no --key-provider): their checksums and hash "
+                  "links were checked, their records and GCM tags not")
     return EXIT_DAMAGED if damaged else EXIT_OK
 
 

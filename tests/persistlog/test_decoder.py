@@ -132,8 +132,8 @@ def test_bad_batch_marker_is_damage() -> None:
 
 
 def test_unknown_flag_bit_is_refused() -> None:
-    batch = reframed(_encoder.frame(records(1), 1, F.KIND_UPDATE, 1, T), flags=0x0020)
-    assert damage(_decoder.parse_batch_header, batch, AT).reason == "unknown batch flags 0x0020"
+    batch = reframed(_encoder.frame(records(1), 1, F.KIND_UPDATE, 1, T), flags=0x0040)
+    assert damage(_decoder.parse_batch_header, batch, AT).reason == "unknown batch flags 0x0040"
 
 
 def test_uncompressed_batch_whose_lengths_differ_is_damage() -> None:

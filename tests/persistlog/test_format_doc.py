@@ -96,8 +96,19 @@ def test_flags() -> None:
     assert "0 none, 1 zlib stream" in flags and "2 zstd frame" in flags
     assert (F.COMPRESSION_NONE, F.COMPRESSION_GZIP, F.COMPRESSION_ZSTD) == (0, 1 << 2, 2 << 2)
     assert F.COMPRESSION_MASK == 0b1100 and "| 2-3   | compression" in flags
-    assert "| 5-15  | reserved" in flags and F.KNOWN_FLAGS == 0x001F
+    assert "| 6-15  | reserved" in flags and F.KNOWN_FLAGS == 0x003F
     assert "| 4     | link" in flags and F.FLAG_LINKED == 1 << 4
+    assert "| 5     | encrypted" in flags and F.FLAG_ENCRYPTED == 1 << 5
+
+
+def test_encrypted_batches() -> None:
+    enc = section("Encrypted batches")
+    assert f"| 0      | 1    | key id length k, u8 (1 to {F.KEY_ID_MAX_BYTES})" in enc
+    assert f"| 1+k    | {F.KEY_CHECK_SIZE}    | key check" in enc
+    assert f"| 9+k    | {F.NONCE_SIZE}   | nonce" in enc
+    assert f"| …      | {F.TAG_SIZE}   | GCM tag" in enc
+    assert F.KEY_CHECK_DOMAIN.decode() in enc and F.BATCH_AAD.size == 28 and "bytes 4..31" in enc
+    assert F.SEAL_OVERHEAD_MIN == 38 and "at least 38" in enc
 
 
 def test_limits() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import cbor2
+import crypt_keys
 import pytest
 from kv_app import App
 from log_files import crash, segment_files, truncate
@@ -31,6 +32,7 @@ from log_files import crash, segment_files, truncate
 import persistlog
 from destinations import open_destination
 from persistlog import _format as F
+from persistlog._crypt import Keyring
 from persistlog._reader import LogScanner, list_logs
 
 GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
@@ -105,13 +107,22 @@ def torn(t: persistlog.TornTail) -> dict[str, Any]:
     return {"log": t.log, "segment": t.segment, "offset": t.offset, "length": t.length}
 
 
+def key_id_of(path: str, name: str, offset: int, linked: bool) -> str:
+    """The key id an encrypted batch names (docs/FORMAT.md, "Encrypted batches")."""
+    with open(os.path.join(path, name), "rb") as f:
+        f.seek(offset + F.BATCH_HEADER_SIZE + (F.LINK_SIZE if linked else 0))
+        n = f.read(1)[0]
+        return f.read(n).decode()
+
+
 def decode_view(path: str, codec: persistlog.Codec | None = None, version: int = 1) -> dict[str, Any]:
     """What the reader finds at ``path``: every log, batch and record, and the restore."""
     codec = codec or persistlog.Codec()
     dest = open_destination(path)
     logs = []
     for seq, segments in list_logs(dest).items():
-        scanner = LogScanner(dest, seq, segments)
+        # The fixed test keys of the encrypted cases (unused by the others).
+        scanner = LogScanner(dest, seq, segments, keys=Keyring(crypt_keys.provider))
         batches = []
         for batch in scanner:
             h = batch.header
@@ -128,6 +139,8 @@ def decode_view(path: str, codec: persistlog.Codec | None = None, version: int =
             }
             if h.linked:
                 entry["link"] = batch.link.hex()
+            if h.flags & F.FLAG_ENCRYPTED:
+                entry["key_id"] = key_id_of(path, segments[batch.segment][1], batch.offset, h.linked)
             if batch.is_control:
                 entry["controls"] = render(batch.controls)
             else:
@@ -150,7 +163,7 @@ def decode_view(path: str, codec: persistlog.Codec | None = None, version: int =
             assert st.chain_head is not None
             logs[-1]["chain_head"] = st.chain_head.hex()
     replayed: list[Any] = []
-    result = persistlog.restore(path, replayed.append, codec=codec)
+    result = persistlog.restore(path, replayed.append, codec=codec, key_provider=crypt_keys.provider)
     dest.close()
     return {
         "format_version": version,
@@ -300,6 +313,20 @@ def gen_upgrade(url: str) -> None:
     lg.close()
 
 
+def gen_encrypted(url: str) -> None:
+    """Encrypted record batches (fixed test keys, tests/persistlog/crypt_keys.py): plain and
+    gzip-compressed, under one key id, then another from the rotation on."""
+    key = {"id": "2026-10"}
+    app = App({"a": "x" * 300, "b": 2})
+    lg = app.open(url, durability="fsync", retain=2, compression="gzip", key_provider=crypt_keys.provider,
+                  key_id=lambda: key["id"], metadata={"app": "golden", "case": "encrypted"})
+    app.put("c", 3)
+    key["id"] = "2026-11"
+    assert lg.rotate() == 2
+    app.put("d", "y" * 400)
+    lg.close()
+
+
 CASES: dict[str, tuple[Callable[[str], None], persistlog.Codec | None]] = {
     "basic": (gen_basic, None),
     "rotation": (gen_rotation, None),
@@ -310,12 +337,13 @@ CASES: dict[str, tuple[Callable[[str], None], persistlog.Codec | None]] = {
     "codec": (gen_codec, golden_codec()),
     "cbor_types": (gen_cbor_types, None),
     "upgrade": (gen_upgrade, None),
+    "encrypted": (gen_encrypted, None),
 }
 #: The cases of each format version: version 1's were written before the hash chain (by
 #: the generators above, then writing version 1) and never change.
 VERSIONS: dict[int, list[str]] = {
     1: ["basic", "cbor_types", "codec", "gzip", "mixed", "rotation", "torn_tail", "zstd"],
-    2: ["basic", "gzip", "mixed", "rotation", "torn_tail", "upgrade"],
+    2: ["basic", "encrypted", "gzip", "mixed", "rotation", "torn_tail", "upgrade"],
 }
 
 
@@ -414,6 +442,11 @@ def test_golden_case_shapes(golden: tuple[str, str, dict[str, Any]]) -> None:
         assert [log["seq"] for log in logs] == [1, 2] and result["logs"] == [2]
         assert "chain_head" not in logs[0] and all("link" not in b for b in logs[0]["batches"])
         assert logs[1]["batches"][0]["link"] == "00" * 32  # the chain starts at log 2
+    elif case == "encrypted":
+        records = [b for b in batches if b["kind"] != "control"]
+        assert records and all("key_id" in b for b in records)
+        assert not any("key_id" in b for b in batches if b["kind"] == "control")
+        assert {b["key_id"] for b in records} == {"2026-10", "2026-11"} and {"gzip", "none"} <= compressions
     elif case == "cbor_types":
         rendered = json.dumps(result["records"])
         for marker in ("$datetime", "$decimal", "$uuid", "$set", "$bytes", "$int", "$tag", "$ip",
@@ -426,7 +459,7 @@ def test_golden_logs_restore_into_the_app_values(golden: tuple[str, str, dict[st
     case, path, _ = golden
     state: dict[Any, Any] = {}
     persistlog.restore(path, lambda r: state.__setitem__(r["key"], r.get("value")) if r["op"] == "put"
-                       else state.pop(r["key"], None), codec=CASES[case][1])
+                       else state.pop(r["key"], None), codec=CASES[case][1], key_provider=crypt_keys.provider)
     if case == "cbor_types":
         for name, value in CBOR_VALUES.items():
             got = state[name]
@@ -450,13 +483,14 @@ def test_a_writer_continues_every_golden_log(golden: tuple[str, str, dict[str, A
     """A current writer opened on an old destination continues its seq and LSN chain."""
     case, path, expected = golden
     codec = CASES[case][1]
+    keys = crypt_keys.provider
     replayed: list[Any] = []
-    persistlog.restore(path, replayed.append, codec=codec)
+    persistlog.restore(path, replayed.append, codec=codec, key_provider=keys)
     last = expected["logs"][-1]
     lg = persistlog.open(path, lambda emit: [emit(r) for r in replayed], codec=codec, retain=10)
     assert lg.seq == last["seq"] + 1
     assert lg.next_lsn == last["next_lsn"] + len(replayed)
     lg.close()
     again: list[Any] = []
-    persistlog.restore(path, again.append, codec=codec)
+    persistlog.restore(path, again.append, codec=codec, key_provider=keys)
     assert render(again) == render(replayed)
