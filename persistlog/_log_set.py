@@ -40,6 +40,7 @@ from ._api import StoreOptions
 from ._api import open as open_log
 from ._api import restore as restore_log
 from ._codec import Codec
+from ._crypt import Keyring
 from ._decoder import Damage, parse_log_set_marker
 from ._errors import DestinationError, LogClosedError, LogNotFoundError, LogSetError, WriterConflict
 from ._log import Log
@@ -383,10 +384,11 @@ class LogSet(AbstractContextManager["LogSet"]):
         recovery: str | None = None,
         missing_ok: bool = True,
         codec: Codec | None = None,
+        key_provider: Callable[[str], Any] | Keyring | None = None,
     ) -> RestoreResult:
         """:func:`persistlog.restore` of ``key``'s log, with the set's ``storage_options``
-        (and its ``codec`` and ``recovery`` defaults unless given). A key never opened
-        replays nothing (``found=False``) and creates nothing."""
+        (and its ``codec``, ``recovery`` and ``key_provider`` defaults unless given). A key
+        never opened replays nothing (``found=False``) and creates nothing."""
         url = self.url(key)
         return restore_log(
             url,
@@ -396,6 +398,7 @@ class LogSet(AbstractContextManager["LogSet"]):
             missing_ok=missing_ok,
             codec=codec if codec is not None else self._defaults.get("codec"),
             storage_options=self.storage_options,
+            key_provider=key_provider if key_provider is not None else self._defaults.get("key_provider"),
         )
 
     @property

@@ -44,6 +44,7 @@ from ._api import StoreOptions
 from ._api import open as open_log
 from ._api import restore as restore_log
 from ._codec import Codec
+from ._crypt import Keyring, keyring
 from ._errors import CorruptLogError, QuotaExceeded
 from ._log import Log, destination_at
 from ._record_reader import RecordNotWritten, RecordReader
@@ -167,7 +168,7 @@ class Queue:
     # Slots, not a __dict__: a broker holds one Queue per recipient.
     __slots__ = (
         "max_messages", "max_bytes", "ttl", "visibility_timeout", "_clock", "_lock", "_entries", "_ready",
-        "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads",
+        "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads", "_keys",
         "_replayed", "_ordinal", "_open_lsn", "_replay_start", "restored",
     )
 
@@ -203,6 +204,8 @@ class Queue:
         # The open's enumeration decodes with the codec given (or a default one); after
         # that the Log's, so that no queue keeps a Codec of its own.
         self._loads: Callable[[bytes], Any] | None = None
+        # The keys bodies are read back with, where the log is encrypted (key_provider=).
+        self._keys: Keyring | None = None
         # Restoring: each replayed send by ordinal (its LSN once the restore says where
         # the replay started), and the LSN the open's first log starts at.
         self._replayed: dict[int, tuple[int, float | None, int]] | None = {}
@@ -245,7 +248,8 @@ class Queue:
         so = opts.get("storage_options")
 
         def restore() -> RestoreResult:
-            return restore_log(url, replay_batch=queue._apply_batch, codec=opts.get("codec"), storage_options=so)
+            return restore_log(url, replay_batch=queue._apply_batch, codec=opts.get("codec"), storage_options=so,
+                               key_provider=queue._keys)
 
         queue._start(restore, lambda: open_log(url, queue._enumerate, **opts), lambda: destination_at(url, so))
         return queue
@@ -274,7 +278,8 @@ class Queue:
             raise TypeError("Queue.open_in() takes no storage_options: the set's reach every log")
 
         def restore() -> RestoreResult:
-            return log_set.restore(key, replay_batch=queue._apply_batch, codec=opts.get("codec"))
+            return log_set.restore(key, replay_batch=queue._apply_batch, codec=opts.get("codec"),
+                                   key_provider=queue._keys)
 
         url = log_set.url(key)
         queue._start(
@@ -327,6 +332,8 @@ class Queue:
             options["durability"] = "flush"
         codec = options.get("codec") or (defaults or {}).get("codec")
         self._loads = (codec or Codec()).loads
+        provider = options.get("key_provider") or (defaults or {}).get("key_provider")
+        self._keys = keyring(provider)
         return options
 
     def _start(
@@ -353,7 +360,7 @@ class Queue:
             raise
         self._log = lg
         self._loads = lg.codec.loads
-        self._reader = RecordReader(self._dest, self._loads, written=lg.sync)
+        self._reader = RecordReader(self._dest, self._loads, written=lg.sync, keys=self._keys)
         self._reader.seed(lg.seq, self._open_lsn)  # every message is in the log open() began
         self.restored = result
 
@@ -411,7 +418,7 @@ class Queue:
         # waits for that lock. So it reads and moves the entries without the lock.
         lsn = self._log.next_lsn if self._log is not None else self._open_lsn
         assert self._dest is not None and self._loads is not None
-        reader = RecordReader(self._dest, self._loads)
+        reader = RecordReader(self._dest, self._loads, keys=self._keys)
         if self._log is None and self._replay_start is not None:
             reader.seed(*self._replay_start)  # every body is in the logs the restore read
             self._replay_start = None

@@ -22,6 +22,7 @@ from destinations import Destination
 from . import _format as F
 from ._decoder import Damage, check_payload, parse_batch_header, parse_segment_header
 from ._errors import CorruptLogError, DestinationError
+from ._crypt import Keyring
 from ._reader import Batch, LogScanner, list_logs
 
 log = logging.getLogger("persistlog")
@@ -48,7 +49,7 @@ class RecordReader:
     Not thread-safe: its owner serialises calls.
     """
 
-    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns")
+    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns", "_keys")
 
     def __init__(
         self,
@@ -56,8 +57,10 @@ class RecordReader:
         loads: Callable[[bytes], Any],
         written: Callable[[], None] | None = None,
         read_chunk: int = POINT_READ_CHUNK,
+        keys: Keyring | None = None,
     ) -> None:
         self.dest = dest
+        self._keys = keys  # an encrypted log's (None: a sealed batch raises KeyUnavailableError)
         self._loads = loads
         self._written = written
         self._chunk = read_chunk
@@ -133,7 +136,7 @@ class RecordReader:
                 if len(buf) < header.size:
                     return None
             try:
-                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset)
+                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys)
             except Damage:
                 return None
             end, after = offset + header.size, first + header.count
@@ -168,7 +171,7 @@ class RecordReader:
                 return None
             scanner = LogScanner(
                 self.dest, seq, segments, start=(segment, offset, first if offset else None), tail_ok=True,
-                read_chunk=self._chunk,
+                read_chunk=self._chunk, keys=self._keys,
             )
             for batch in scanner:
                 if batch.is_control:
