@@ -89,6 +89,9 @@ class LogPartition(InputPartition):
     tail_ok: bool = False
     #: The log's key when it is one log of a log set (rows then carry it): None otherwise.
     log_key: str | None = None
+    #: Option ``keyProvider``: the importable name of the key provider of an encrypted
+    #: log, never a key (each executor imports it: :mod:`spark_replay._keys`).
+    key_provider: str | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.
@@ -405,6 +408,7 @@ def _partitions(
                 view=opts.view,
                 nbytes=sum(u[3] for u in group),
                 log_key=log_key,
+                key_provider=opts.key_provider,
             )
         )
     return parts
@@ -460,6 +464,7 @@ class LogToPlan:
             missing=(), start=(0, 0, None), end=None, next_log_lsn=None, base_from=None,
             prev_base=None, from_lsn=None, to_lsn=None, recovery=o.recovery,
             convention=o.convention, view=o.view, nbytes=self.nbytes, log_key=self.log_key,
+            key_provider=o.key_provider,
         )
 
     def partitions(self) -> list[LogPartition]:

@@ -33,6 +33,7 @@ from persistlog._jsonify import (
 from persistlog._reader import Batch, LogScanner
 from persistlog._restore import gc_pause
 
+from ._keys import keys_named
 from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
 from ._schema import TIMESTAMP, arrow_schema
 
@@ -67,7 +68,7 @@ class _Range:
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
             dest, part.seq, part.segments(), recovery=part.recovery, start=part.start,
-            tail_ok=part.tail_ok,
+            tail_ok=part.tail_ok, keys=keys_named(part.key_provider),
         )
 
     def contains(self, segment: int, offset: int) -> bool:
