@@ -105,6 +105,9 @@ class _Range:
             self.corrupt("log has no header record", F.segment_name(part.seq, 0), 0)
 
     def _at_end_of_log(self) -> None:
+        """The checks between this log's end and the next log's start: its first LSN, and
+        (chained logs) its first link against this log's chain head, as restore checks
+        them; the range before never reads the next log itself."""
         st = self.scanner.state
         part = self.part
         if part.next_log_lsn is not None and st.next_lsn is not None and st.next_lsn != part.next_log_lsn:
@@ -113,6 +116,16 @@ class _Range:
                 f"starts at LSN {part.next_log_lsn}",
                 F.segment_name(part.seq + 1, 0),
                 0,
+            )
+            return
+        link = part.next_log_link
+        if link is not None and st.chained and st.chain_head is not None and not st.skipped and link != st.chain_head:
+            self.corrupt(
+                f"hash chain broken between logs {part.seq} and {part.seq + 1}: log {part.seq + 1} "
+                f"links to chain head {link.hex()[:16]}, but log {part.seq} ends at {st.chain_head.hex()[:16]} "
+                f"(a batch was changed, removed or inserted at the end of log {part.seq}, or a log replaced)",
+                F.segment_name(part.seq + 1, 0),
+                F.SEGMENT_HEADER_SIZE,
             )
 
     def _collect_scanner_problems(self) -> None:
