@@ -268,7 +268,7 @@ def _new_spark_log() -> str:
     return path
 
 
-_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|MissingDependencyError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|KeyUnavailableError|DestinationError|LogNotFoundError|MissingDependencyError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
 
 
 def _explain(exc: BaseException) -> str:
