@@ -60,11 +60,20 @@ key_json      string     ``convention="resource"`` only: the key as lossless JSO
 value         string     ``convention="resource"`` only: the value as JSON text (puts)
 ============  =========  ================================================================
 
+``keyProvider``
+    The key provider of an encrypted log, by importable name ``MODULE:CALLABLE`` (as the
+    CLI's ``--key-provider``): the driver and every executor import it once per process;
+    only the name is in the plan and the partitions, never a key. Without it (or with the
+    wrong keys) a read of an encrypted batch fails with
+    :class:`persistlog.KeyUnavailableError`.
+
 ``view``
     ``records`` (default): the rows above. ``corrupt``: the damage report of
     :func:`corrupt_report` instead.
 
-A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
+A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. The
+hash chain is checked as restore checks it, within each range, across ranges and from the
+end of each log to the next log's first link. A URL
 holding no log fails the read with :class:`persistlog.LogNotFoundError`.
 
 The root of a :class:`persistlog.LogSet` (its ``LOGSET`` marker says so) reads as one table
