@@ -231,3 +231,25 @@ def test_a_broken_chain_fails_the_spark_read_and_the_job_unless_skip(
     assert corrupt[0]["reason"].startswith("hash chain broken between logs 2 and 3: ")
     assert spark.read.parquet(str(out / "events")).count() == TOTAL - dropped
     shutil.rmtree(out)
+
+
+def test_the_stream_tail_checks_an_encrypted_batch_without_its_key(logs: tuple[str, str]) -> None:
+    """What the header walk of a micro-batch could not take (a batch that grew past the size
+    it read) is checked for its structure only: the driver holds no key."""
+    from destinations import open_destination
+    from persistlog import _format as F
+    from persistlog._cursor import Cursor
+    from persistlog._reader import walk_headers
+    from spark_replay._tail import Tail
+
+    _plain, sealed = logs
+    dest = open_destination(sealed)
+    try:
+        name = F.segment_name(1, 0)
+        walk = walk_headers(dest, 1, 0, name, dest.size(name), whole=True)
+        assert walk.batches is not None
+        # A record batch: one the next batch's first LSN comes after.
+        offset, lsn, _size = next(b for b, after in zip(walk.batches, walk.batches[1:]) if after[1] > b[1])
+        assert Tail(dest)._check_rest(Cursor(1, 0, offset, lsn), name, final=False) is True
+    finally:
+        dest.close()
