@@ -69,7 +69,12 @@ value         string     ``convention="resource"`` only: the value as JSON text 
 
 ``view``
     ``records`` (default): the rows above. ``corrupt``: the damage report of
-    :func:`corrupt_report` instead.
+    :func:`corrupt_report` instead. ``heads``: the signed chain heads, one row per signed
+    checkpoint or seal: ``log_seq``, ``segment``, ``offset``, ``kind`` (``checkpoint`` or
+    ``seal``), ``lsn`` (the LSN it signs: a checkpoint's, a seal's ``next_lsn``), ``head``
+    (the chain head it signs, hex) and ``key`` (the signing key's id); the logs are checked
+    as any read checks them, no key provider is needed, and signatures are checked by
+    ``persistlog verify --public-key`` only.
 
 A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. The
 hash chain is checked as restore checks it, within each range, across ranges and from the

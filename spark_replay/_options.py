@@ -21,7 +21,7 @@ MIN_SPLIT_BYTES = 4 * 1024 * 1024
 LOGS = ("all", "latest")
 CONVENTIONS = ("raw", "resource")
 RECOVERY = ("strict", "skip")
-VIEWS = ("records", "corrupt")
+VIEWS = ("records", "corrupt", "heads")
 
 KNOWN = frozenset(
     {

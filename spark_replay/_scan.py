@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from destinations import Destination, open_destination
 from persistlog import _format as F
+from persistlog._crypt import OPAQUE, Keyring
 from persistlog._decoder import Damage
 from persistlog._errors import CorruptLogError, DestinationError
 from persistlog._jsonify import (
@@ -62,13 +63,14 @@ class Problem:
 class _Range:
     """The partition's slice of its log, and the checks at its edges."""
 
-    def __init__(self, dest: Destination, part: LogPartition) -> None:
+    def __init__(self, dest: Destination, part: LogPartition, keys: Keyring | None = None) -> None:
+        """``keys``: those of the scan (default: the provider the partition names)."""
         self.dest = dest
         self.part = part
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
             dest, part.seq, part.segments(), recovery=part.recovery, start=part.start,
-            tail_ok=part.tail_ok, keys=keys_named(part.key_provider),
+            tail_ok=part.tail_ok, keys=keys if keys is not None else keys_named(part.key_provider),
         )
 
     def contains(self, segment: int, offset: int) -> bool:
@@ -465,11 +467,42 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
         dest.close()
 
 
+def read_heads(part: LogPartition) -> Iterator[tuple[Any, ...]]:
+    """The signed chain heads in one partition, as rows of the heads view: every signed
+    checkpoint and seal, with the log, LSN and chain head it signs and its key's id. The
+    range is checked as any read checks it (checksums, links) but payloads stay shut:
+    no key is needed. Signatures are not checked here (``persistlog verify
+    --public-key`` does, with the public key)."""
+    dest = _open(part)
+    try:
+        rng = _Range(dest, part, keys=OPAQUE)
+        key = () if part.log_key is None else (part.log_key,)
+        for batch in rng.batches():
+            for c in batch.controls or ():
+                if "sig" not in c:
+                    continue
+                if c["t"] == F.CONTROL_CHECKPOINT:
+                    lsn, head = c.get("lsn"), c.get("head")
+                elif c["t"] == F.CONTROL_SEAL:
+                    lsn, head = c.get("next_lsn"), c.get(F.SEAL_CHAIN)
+                else:
+                    continue
+                if not isinstance(lsn, int) or not isinstance(head, bytes) or not isinstance(c.get("key"), str):
+                    rng.corrupt(f"{c['t']} record without its LSN, head or key id",
+                                F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+                    continue
+                yield (*key, part.seq, batch.segment, batch.offset, c["t"], lsn, head.hex(), c["key"])
+    finally:
+        dest.close()
+
+
 def _count_only(data: bytes) -> Any:
     return plain_loads(data)
 
 
 def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
+    if view == "heads":
+        return read_heads
     return read_problems if view == "corrupt" else read_records
 
 
@@ -479,9 +512,9 @@ def read_set(part: SetPartition, view: str) -> Iterator[Any]:
     # Many small logs make many small objects: the cyclic GC is paused meanwhile, as
     # during a replay.
     with gc_pause.during_replay():
-        if view == "corrupt":
+        if view != "records":
             for p in part.ranges():
-                yield from read_problems(p)
+                yield from reader_for(view)(p)
             return
         cols: _Columns | None = None
         for unit in part.units:

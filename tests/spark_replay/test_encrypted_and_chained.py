@@ -5,6 +5,7 @@ as restore checks it, so a batch dropped where one log ends fails a strict read.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -253,3 +254,44 @@ def test_the_stream_tail_checks_an_encrypted_batch_without_its_key(logs: tuple[s
         assert Tail(dest)._check_rest(Cursor(1, 0, offset, lsn), name, final=False) is True
     finally:
         dest.close()
+
+
+# -- the heads view --------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_the_heads_view_lists_every_signed_head(spark: Any, tmp_path: Path, keys: Any, tamper: Any) -> None:
+    """Every signed checkpoint and seal, with the LSN and chain head it signs and its key's
+    id; encrypted payloads need no key for it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from persistlog import _format as F
+
+    signing = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    public = signing.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    url = str(tmp_path / "signed")
+    store = persistlog.ResourceStore.open(
+        url, rotate_bytes=None, retain=50, segment_bytes=4096, signing_key=signing, sign_interval=1e-9,
+        key_provider=keys.provider, key_id="2026-10",
+    )
+    for r in range(3):
+        for i in range(5):
+            store[f"k{i}"] = {"r": r, "i": i}
+            store.log.sync()
+        if r < 2:
+            store.log.rotate()
+    store.close()
+    expected = []
+    for seg in tamper.load(url):
+        for i, b in enumerate(seg.batches):
+            t = b.control_type()
+            if t in (F.CONTROL_CHECKPOINT, F.CONTROL_SEAL):
+                c = b.controls()[0]
+                lsn = c["lsn"] if t == F.CONTROL_CHECKPOINT else c["next_lsn"]
+                assert b.link is not None
+                expected.append((seg.seq, seg.number, tamper.offset_of(seg, i), t, lsn, b.link.hex(), c["key"]))
+    got = [tuple(r) for r in spark.read.format("persistlog").option("view", "heads").load(url).collect()]
+    assert sorted(got) == sorted(expected)
+    assert {r[3] for r in got} == {"checkpoint", "seal"} and len([r for r in got if r[3] == "seal"]) == 3  # each log, the last at close
+    assert {r[6] for r in got} == {hashlib.sha256(public).hexdigest()[:16]}
