@@ -341,6 +341,9 @@ class HeaderWalk:
     header: dict[str, Any] | None = None
     #: The last LSN of the snapshot (the complete marker's first LSN minus one).
     complete_lsn: int | None = None
+    #: The hash link of the log's first batch (segment 0 of a chained log only): the chain
+    #: head of the log before it, as this log's writer saw it.
+    first_link: bytes | None = None
     #: ``(offset, first LSN, size)`` of every batch walked, when asked for.
     batches: list[tuple[int, int, int]] | None = None
     #: The walk reached the end of the segment, or damage: nothing after it is left to walk.
@@ -392,6 +395,8 @@ def walk_headers(
                 break
             if walk.batches is not None:
                 walk.batches.append((pos, h.first_lsn, h.size))
+            if number == 0 and pos == F.SEGMENT_HEADER_SIZE and h.linked and h.stored_len >= F.LINK_SIZE:
+                walk.first_link = bytes(w.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE))
             if h.kind == F.KIND_CONTROL and walk.complete_lsn is None:
                 raw = check_payload(h, w.get(pos + F.BATCH_HEADER_SIZE, h.stored_len), pos)
                 for c in control_records(h, raw, pos):

@@ -60,11 +60,25 @@ key_json      string     ``convention="resource"`` only: the key as lossless JSO
 value         string     ``convention="resource"`` only: the value as JSON text (puts)
 ============  =========  ================================================================
 
+``keyProvider``
+    The key provider of an encrypted log, by importable name ``MODULE:CALLABLE`` (as the
+    CLI's ``--key-provider``): the driver and every executor import it once per process;
+    only the name is in the plan and the partitions, never a key. Without it (or with the
+    wrong keys) a read of an encrypted batch fails with
+    :class:`persistlog.KeyUnavailableError`.
+
 ``view``
     ``records`` (default): the rows above. ``corrupt``: the damage report of
-    :func:`corrupt_report` instead.
+    :func:`corrupt_report` instead. ``heads``: the signed chain heads, one row per signed
+    checkpoint or seal: ``log_seq``, ``segment``, ``offset``, ``kind`` (``checkpoint`` or
+    ``seal``), ``lsn`` (the LSN it signs: a checkpoint's, a seal's ``next_lsn``), ``head``
+    (the chain head it signs, hex) and ``key`` (the signing key's id); the logs are checked
+    as any read checks them, no key provider is needed, and signatures are checked by
+    ``persistlog verify --public-key`` only.
 
-A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. A URL
+A torn tail of an unsealed log (a crash artefact) is dropped, as restore drops it. The
+hash chain is checked as restore checks it, within each range, across ranges and from the
+end of each log to the next log's first link. A URL
 holding no log fails the read with :class:`persistlog.LogNotFoundError`.
 
 The root of a :class:`persistlog.LogSet` (its ``LOGSET`` marker says so) reads as one table

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fsspec option (repeatable); V is parsed as JSON when it can be; dotted K nests "
         "(client_kwargs.endpoint_url=http://...)",
     )
+    p.add_argument(
+        "--key-provider",
+        metavar="MODULE:CALLABLE",
+        help="key provider of an encrypted log: an importable callable key_id -> 32-byte key, "
+        "imported by the driver and by every executor (only its name travels, never a key)",
+    )
     p.add_argument("--logs", choices=("all", "latest"), default="all", help="all retained logs (default) or from the newest complete one")
     p.add_argument("--recovery", choices=("strict", "skip"), default="strict", help="strict (default): corruption fails the job; skip: pass over it and write _corrupt/")
     p.add_argument("--max-partition-bytes", metavar="BYTES", help="log bytes per task (default 128m)")
@@ -262,7 +268,7 @@ def _new_spark_log() -> str:
     return path
 
 
-_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|DestinationError|LogNotFoundError|MissingDependencyError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
+_PY_ERROR = re.compile(r"((?:persistlog|destinations|builtins)?\.?\b(?:CorruptLogError|KeyUnavailableError|DestinationError|LogNotFoundError|MissingDependencyError|ResetRequired|ValueError|FileNotFoundError|PermissionError)): (.+)")
 
 
 def _explain(exc: BaseException) -> str:
@@ -343,6 +349,7 @@ def run(
         "logs": args.logs,
         "recovery": args.recovery,
         "max_partition_bytes": args.max_partition_bytes,
+        "keyProvider": args.key_provider,
     }
     mode = "overwrite" if args.overwrite and not output.staged else "errorifexists"
     out = output.work
@@ -382,7 +389,9 @@ def run(
         keys = spark.read.parquet(state_path).count()
     corrupt = None
     if args.recovery == "skip":
-        report = corrupt_report(spark, args.url, storage_options=storage_options or None, logs=args.logs)
+        report = corrupt_report(
+            spark, args.url, storage_options=storage_options or None, logs=args.logs, keyProvider=args.key_provider
+        )
         report.write.mode(mode).parquet(f"{out}/_corrupt")
         corrupt = spark.read.parquet(f"{out}/_corrupt").filter(sf.col("kind") == "skipped").count()
     assert stats is not None
@@ -411,6 +420,8 @@ def _advice(explained: str, url: str) -> str:
             f"{explained}; `persistlog verify {url}` lists the damage, and --recovery skip replays "
             "around it (listing it in OUT/_corrupt)"
         )
+    if explained.startswith("KeyUnavailableError"):
+        return f"{explained}; --key-provider MODULE:CALLABLE names the key provider the writer used"
     return explained
 
 
@@ -458,6 +469,8 @@ def follow(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
         reader = reader.option("storage_options", json.dumps(storage_options))
     if args.max_partition_bytes:
         reader = reader.option("max_partition_bytes", args.max_partition_bytes)
+    if args.key_provider:
+        reader = reader.option("keyProvider", args.key_provider)
     query = (
         reader.load(args.url)
         .writeStream.format("parquet")

@@ -21,7 +21,7 @@ MIN_SPLIT_BYTES = 4 * 1024 * 1024
 LOGS = ("all", "latest")
 CONVENTIONS = ("raw", "resource")
 RECOVERY = ("strict", "skip")
-VIEWS = ("records", "corrupt")
+VIEWS = ("records", "corrupt", "heads")
 
 KNOWN = frozenset(
     {
@@ -35,6 +35,7 @@ KNOWN = frozenset(
         "max_partition_bytes",
         "min_partitions",
         "view",
+        "keyprovider",
     }
 )
 
@@ -56,6 +57,9 @@ class ReadOptions:
     max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
     min_partitions: int = 1
     view: str = "records"
+    #: The key provider of encrypted logs, by importable name (``MODULE:CALLABLE``): the
+    #: name only, never a key (:mod:`spark_replay._keys`).
+    key_provider: str | None = None
     #: The URL is a log set's root (its ``LOGSET`` marker says so): every log of the set is
     #: read, and rows carry ``log_key``. Not an option: the source finds it out.
     log_set: bool = False
@@ -88,7 +92,23 @@ class ReadOptions:
             max_partition_bytes=_size(opts.get("max_partition_bytes")),
             min_partitions=_count(opts, "min_partitions"),
             view=_choice(opts, "view", VIEWS),
+            key_provider=_key_provider(opts.get("keyprovider")),
         )
+
+
+def _key_provider(value: Any) -> str | None:
+    """Option ``keyProvider``, checked where it is given: the name must import and be
+    callable here (the executors import it again, once per process)."""
+    if value is None or str(value).strip() == "":
+        return None
+    from ._keys import keys_named
+
+    spec = str(value).strip()
+    try:
+        keys_named(spec)
+    except ValueError as e:
+        raise ValueError(f"option keyProvider must name an importable key provider MODULE:CALLABLE: {e}") from None
+    return spec
 
 
 def _choice(opts: Mapping[str, Any], name: str, allowed: tuple[str, ...]) -> str:

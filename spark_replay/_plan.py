@@ -89,6 +89,12 @@ class LogPartition(InputPartition):
     tail_ok: bool = False
     #: The log's key when it is one log of a log set (rows then carry it): None otherwise.
     log_key: str | None = None
+    #: Option ``keyProvider``: the importable name of the key provider of an encrypted
+    #: log, never a key (each executor imports it: :mod:`spark_replay._keys`).
+    key_provider: str | None = None
+    #: The hash link of the next log's first batch, checked against the chain head where
+    #: this log ends (None: no check; with ``next_log_lsn``, for the last range of a log).
+    next_log_link: bytes | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.
@@ -334,6 +340,12 @@ def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str 
     for i, lg in enumerate(logs[1:]):
         if lg.seq in gaps:
             next_first[logs[i].seq] = None
+    # The next log's first link, where its first LSN is checked too: the chain across logs.
+    next_link = {
+        lg.seq: nxt.start.first_link
+        for lg, nxt in zip(logs, logs[1:])
+        if next_first[lg.seq] is not None and nxt.start is not None
+    }
     if read.expect_complete and kept and kept[0].seq == seqs[0] and kept[0].complete_lsn is None:
         if opts.recovery == "strict":
             raise CorruptLogError(
@@ -349,7 +361,9 @@ def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str 
         base_from: int | None = None
         if from_start and lg.first_lsn is not None:
             base_from = replay_base(lg.first_lsn, lg.complete_lsn)
-        parts.extend(_partitions(lg, opts, dest.url, target, next_first[lg.seq], base_from, prev_base, log_key))
+        parts.extend(
+            _partitions(lg, opts, dest.url, target, (next_first[lg.seq], next_link.get(lg.seq)), base_from, prev_base, log_key)
+        )
         if base_from is not None:
             prev_base = lg.seq
     return parts
@@ -367,11 +381,13 @@ def _partitions(
     opts: ReadOptions,
     url: str,
     target: int,
-    next_log_lsn: int | None,
+    next_log: tuple[int | None, bytes | None],
     base_from: int | None,
     prev_base: int | None,
     log_key: str | None,
 ) -> list[LogPartition]:
+    """The ranges of log ``lg``; ``next_log`` is the first LSN and first link of the log
+    after it (checked by the last range)."""
     units = _units(lg, target, opts.max_partition_bytes)
     groups: list[list[tuple[int, int, int | None, int]]] = []
     total = 0
@@ -395,7 +411,8 @@ def _partitions(
                 missing=lg.missing,
                 start=(first[0], first[1], first[2]),
                 end=end,
-                next_log_lsn=next_log_lsn if end is None else None,
+                next_log_lsn=next_log[0] if end is None else None,
+                next_log_link=next_log[1] if end is None else None,
                 base_from=base_from,
                 prev_base=prev_base,
                 from_lsn=opts.from_lsn,
@@ -405,6 +422,7 @@ def _partitions(
                 view=opts.view,
                 nbytes=sum(u[3] for u in group),
                 log_key=log_key,
+                key_provider=opts.key_provider,
             )
         )
     return parts
@@ -460,6 +478,7 @@ class LogToPlan:
             missing=(), start=(0, 0, None), end=None, next_log_lsn=None, base_from=None,
             prev_base=None, from_lsn=None, to_lsn=None, recovery=o.recovery,
             convention=o.convention, view=o.view, nbytes=self.nbytes, log_key=self.log_key,
+            key_provider=o.key_provider,
         )
 
     def partitions(self) -> list[LogPartition]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 
 from destinations import Destination, open_destination
 from persistlog import _format as F
+from persistlog._crypt import OPAQUE, Keyring
 from persistlog._decoder import Damage
 from persistlog._errors import CorruptLogError, DestinationError
 from persistlog._jsonify import (
@@ -33,6 +34,7 @@ from persistlog._jsonify import (
 from persistlog._reader import Batch, LogScanner
 from persistlog._restore import gc_pause
 
+from ._keys import keys_named
 from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
 from ._schema import TIMESTAMP, arrow_schema
 
@@ -61,13 +63,14 @@ class Problem:
 class _Range:
     """The partition's slice of its log, and the checks at its edges."""
 
-    def __init__(self, dest: Destination, part: LogPartition) -> None:
+    def __init__(self, dest: Destination, part: LogPartition, keys: Keyring | None = None) -> None:
+        """``keys``: those of the scan (default: the provider the partition names)."""
         self.dest = dest
         self.part = part
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
             dest, part.seq, part.segments(), recovery=part.recovery, start=part.start,
-            tail_ok=part.tail_ok,
+            tail_ok=part.tail_ok, keys=keys if keys is not None else keys_named(part.key_provider),
         )
 
     def contains(self, segment: int, offset: int) -> bool:
@@ -104,6 +107,9 @@ class _Range:
             self.corrupt("log has no header record", F.segment_name(part.seq, 0), 0)
 
     def _at_end_of_log(self) -> None:
+        """The checks between this log's end and the next log's start: its first LSN, and
+        (chained logs) its first link against this log's chain head, as restore checks
+        them; the range before never reads the next log itself."""
         st = self.scanner.state
         part = self.part
         if part.next_log_lsn is not None and st.next_lsn is not None and st.next_lsn != part.next_log_lsn:
@@ -112,6 +118,16 @@ class _Range:
                 f"starts at LSN {part.next_log_lsn}",
                 F.segment_name(part.seq + 1, 0),
                 0,
+            )
+            return
+        link = part.next_log_link
+        if link is not None and st.chained and st.chain_head is not None and not st.skipped and link != st.chain_head:
+            self.corrupt(
+                f"hash chain broken between logs {part.seq} and {part.seq + 1}: log {part.seq + 1} "
+                f"links to chain head {link.hex()[:16]}, but log {part.seq} ends at {st.chain_head.hex()[:16]} "
+                f"(a batch was changed, removed or inserted at the end of log {part.seq}, or a log replaced)",
+                F.segment_name(part.seq + 1, 0),
+                F.SEGMENT_HEADER_SIZE,
             )
 
     def _collect_scanner_problems(self) -> None:
@@ -451,11 +467,42 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
         dest.close()
 
 
+def read_heads(part: LogPartition) -> Iterator[tuple[Any, ...]]:
+    """The signed chain heads in one partition, as rows of the heads view: every signed
+    checkpoint and seal, with the log, LSN and chain head it signs and its key's id. The
+    range is checked as any read checks it (checksums, links) but payloads stay shut:
+    no key is needed. Signatures are not checked here (``persistlog verify
+    --public-key`` does, with the public key)."""
+    dest = _open(part)
+    try:
+        rng = _Range(dest, part, keys=OPAQUE)
+        key = () if part.log_key is None else (part.log_key,)
+        for batch in rng.batches():
+            for c in batch.controls or ():
+                if "sig" not in c:
+                    continue
+                if c["t"] == F.CONTROL_CHECKPOINT:
+                    lsn, head = c.get("lsn"), c.get("head")
+                elif c["t"] == F.CONTROL_SEAL:
+                    lsn, head = c.get("next_lsn"), c.get(F.SEAL_CHAIN)
+                else:
+                    continue
+                if not isinstance(lsn, int) or not isinstance(head, bytes) or not isinstance(c.get("key"), str):
+                    rng.corrupt(f"{c['t']} record without its LSN, head or key id",
+                                F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+                    continue
+                yield (*key, part.seq, batch.segment, batch.offset, c["t"], lsn, head.hex(), c["key"])
+    finally:
+        dest.close()
+
+
 def _count_only(data: bytes) -> Any:
     return plain_loads(data)
 
 
 def reader_for(view: str) -> Callable[[LogPartition], Iterator[Any]]:
+    if view == "heads":
+        return read_heads
     return read_problems if view == "corrupt" else read_records
 
 
@@ -465,9 +512,9 @@ def read_set(part: SetPartition, view: str) -> Iterator[Any]:
     # Many small logs make many small objects: the cyclic GC is paused meanwhile, as
     # during a replay.
     with gc_pause.during_replay():
-        if view == "corrupt":
+        if view != "records":
             for p in part.ranges():
-                yield from read_problems(p)
+                yield from reader_for(view)(p)
             return
         cols: _Columns | None = None
         for unit in part.units:

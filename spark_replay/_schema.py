@@ -37,6 +37,16 @@ CORRUPT_FIELDS: list[tuple[str, pa.DataType, bool]] = [
     ("reason", pa.string(), False),
 ]
 
+HEADS_FIELDS: list[tuple[str, pa.DataType, bool]] = [
+    ("log_seq", pa.int64(), False),
+    ("segment", pa.int64(), False),
+    ("offset", pa.int64(), False),
+    ("kind", pa.string(), False),
+    ("lsn", pa.int64(), False),
+    ("head", pa.string(), False),
+    ("key", pa.string(), False),
+]
+
 #: First of every row read from a log set: the key of the log holding it (absent for a log).
 LOG_KEY_FIELD: tuple[str, pa.DataType, bool] = ("log_key", pa.string(), False)
 
@@ -47,6 +57,8 @@ def fields(view: str, convention: str, log_set: bool = False) -> list[tuple[str,
     key = [LOG_KEY_FIELD] if log_set else []
     if view == "corrupt":
         return key + CORRUPT_FIELDS
+    if view == "heads":
+        return key + HEADS_FIELDS
     return key + RECORD_FIELDS + (RESOURCE_FIELDS if convention == "resource" else [])
 
 

@@ -346,4 +346,5 @@ def _partition(marks: list[Mark], a: int, b: int, opts: StreamOptions) -> LogPar
         view="records",
         nbytes=marks[b].nbytes - marks[a].nbytes,
         tail_ok=True,
+        key_provider=ro.key_provider,
     )

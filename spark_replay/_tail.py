@@ -28,6 +28,7 @@ from destinations import Destination
 from persistlog import _format as F
 from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
 from persistlog._errors import CorruptLogError, LogNotFoundError, PersistLogError, ResetRequired
+from persistlog._crypt import OPAQUE
 from persistlog._cursor import Cursor
 from persistlog._follower import first_lsn, gap_closed
 from persistlog._probe import SegmentProbe, next_segments
@@ -437,6 +438,7 @@ class Tail:
             start=(cur.segment, cur.offset, cur.next_lsn),
             tail_ok=not final and self.dest.appendable,
             more_segments=more,
+            keys=OPAQUE,  # where the batch ends, not what it holds: encrypted logs too
         )
         for _batch in scanner:
             return True

@@ -106,10 +106,10 @@ def load(path: str) -> list[Segment]:
     return out
 
 
-def relink(segments: list[Segment]) -> None:
+def relink(segments: list[Segment], head: bytes = _chain.GENESIS) -> None:
     """Recompute every link, seal ``chain`` and checkpoint ``head`` (and its ``seq`` and
-    ``lsn``) in order, as the writer would have: everything but the signatures."""
-    head = _chain.GENESIS
+    ``lsn``) in order, as the writer would have: everything but the signatures. The first
+    batch links to ``head``."""
     for seg in segments:
         for b in seg.batches:
             if b.link is None:
