@@ -16,8 +16,12 @@ already covered. The buffer's lock (``_batch_buffer``) is only ever taken inside
 
 Only an ``OSError`` from storage fails the writer (:meth:`BatchWriter.guarded`); anything
 else raised in the middle of a write (a ``KeyboardInterrupt``) propagates as itself: the
-detached records are handed over again by the next write, and the segment writer ignores
-the LSNs it holds already.
+detached records, and a control batch (a checkpoint, the completion marker) being handed
+over, are handed over again by the next write, to the segment writer (which ignores a
+batch it holds already) and to every secondary, before anything newer. Each batch links
+to the chain head of the segment writer (``SegmentWriter.head``): the hash of the last
+batch it holds, kept with its own bookkeeping, so an interruption anywhere in between
+never leaves a batch linking to anything else.
 
 The group commit, and its sync thread, are made when a first caller waits for
 durability: a Log in ``buffered`` or local ``flush`` mode never has one.
@@ -36,7 +40,6 @@ from destinations import Destination
 from . import _encoder
 from . import _format as F
 from ._batch_buffer import BatchBuffer, Taking
-from ._chain import Chain
 from ._crypt import Keyring
 from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
 from ._group_commit import GroupCommit
@@ -70,7 +73,8 @@ class BatchWriter:
         "io_lock", "_dest", "_buffer", "_compression", "_keys", "_segment_bytes", "_writer_id", "_metadata",
         "_sync_each", "_sw", "_seq", "_written_lsn", "_durable_lsn", "_failed", "_closed", "_handed_to",
         "_counts", "_log_update_records", "_complete_lsn", "_switching", "_secondaries", "_group",
-        "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain", "_checkpoints",
+        "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain_start", "_control",
+        "_checkpoints",
         "__weakref__",
     )
 
@@ -132,8 +136,14 @@ class BatchWriter:
         #: fronts' hot paths as a plain attribute; written by this class only.
         self.flush_armed = False
         self._flush_at = 0.0
-        # Each batch framed links to the one before it (the hash chain, FORMAT.md).
-        self._chain = Chain(chain_head)
+        # Each batch framed links to the one before it (the hash chain, FORMAT.md): to the
+        # segment writer's head, and before the first log to where the logs before end.
+        if chain_head is not None and len(chain_head) != F.LINK_SIZE:
+            raise ValueError(f"a chain head is {F.LINK_SIZE} bytes, not {len(chain_head)}")
+        self._chain_start = chain_head
+        # A control batch being handed over, and the LSN due there: handed over again by
+        # the next write when an interruption cut it short.
+        self._control: tuple[bytes, int] | None = None
         self._checkpoints = checkpoints or Checkpoints(None, 0.0)
 
     # -- state ----------------------------------------------------------------------------
@@ -351,15 +361,24 @@ class BatchWriter:
         buffer = self._buffer
         if buffer.taking is not None:
             self._hand_over(flush)  # an interrupted hand-over: older, so first
+        if self._control is not None:
+            self._hand_over_control(*self._control, flush)  # an interrupted control batch
         if not buffer.detach():
             if flush and self._sw is not None and self._failed is None:
                 self.guarded(self._sw.flush)
             return
         self._hand_over(flush)
 
+    @property
+    def _head(self) -> bytes | None:
+        """What the next batch links to: the head of what the segment writer holds (None:
+        not chained)."""
+        sw = self._sw
+        return self._chain_start if sw is None else sw.head
+
     def _frame(self, taking: Taking) -> bytes:
         payload, snaps, first, end = taking
-        return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._chain.head,
+        return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._head,
                                      self._keys)
 
     def _hand_over(self, flush: bool) -> None:
@@ -380,8 +399,27 @@ class BatchWriter:
         c["updates"] += n_updates
         c["snapshot_records"] += len(snaps)
         self._log_update_records += n_updates
+        self._checkpoint(end, flush)
         if self._on_batch is not None:
             self._on_batch()
+
+    def _hand_over_control(self, batch: bytes, pos: int, flush: bool = True) -> None:
+        """Give a control batch (it takes no LSN; due at ``pos``) to the segment writer and
+        the secondaries; an interruption leaves it to the next write to hand over again."""
+        self._control = (batch, pos)
+        try:
+            self._append(batch, pos, pos, flush)
+        except BaseException:
+            if self._failed is None:
+                self.arm_flush()
+            raise
+        self._control = None
+
+    def _checkpoint(self, lsn: int, flush: bool) -> None:
+        """A signed checkpoint after the batch handed over last, when one is due."""
+        checkpoint = self._checkpoints.due(self._seq, lsn, self._head)
+        if checkpoint is not None:
+            self._hand_over_control(checkpoint, lsn, flush)
 
     def _append(self, data: bytes, first: int, end: int, flush: bool = True) -> None:
         sw = self._sw
@@ -393,7 +431,6 @@ class BatchWriter:
                 sw.flush()
 
         self.guarded(write)
-        self._chain.advance(data)
         self._written_lsn = end
         c = self._counts
         c["batches"] += 1
@@ -402,15 +439,13 @@ class BatchWriter:
             secondary.batch(data, first, end)
         if not flush or isinstance(sw, ObjectSegments):
             self.arm_flush()  # bytes the writer may still hold go out at the next flush
-        checkpoint = self._checkpoints.due(self._seq, end, self._chain.head)
-        if checkpoint is not None:
-            self._append(checkpoint, end, end, flush)
 
     def append_control(self, record: dict[str, Any]) -> None:
         """Write a control batch at the current position. Holds ``io_lock``."""
         self.write_pending(flush=False)
         pos = self._written_lsn
-        self._append(_encoder.control_batch([record], pos, now_us(), self._chain.head), pos, pos)
+        self._hand_over_control(_encoder.control_batch([record], pos, now_us(), self._head), pos)
+        self._checkpoint(pos, True)
         if self._on_batch is not None:
             self._on_batch()
 
@@ -474,7 +509,7 @@ class BatchWriter:
             first = self._written_lsn
             header = {
                 "t": F.CONTROL_HEADER,
-                "v": F.FORMAT_VERSION if self._chain.head is None else F.CHAINED_VERSION,
+                "v": F.FORMAT_VERSION if self._head is None else F.CHAINED_VERSION,
                 "seq": seq,
                 "first_lsn": first,
                 "writer": self._writer_id,
@@ -482,7 +517,7 @@ class BatchWriter:
                 "metadata": self._metadata,
             }
             sw = segment_writer(self._dest, seq, self._segment_bytes)
-            old_head = self._chain.head
+            old_head = self._head
             batch = _encoder.control_batch([header], first, now_us(), old_head)
             try:
                 sw.start(first, batch)
@@ -494,7 +529,6 @@ class BatchWriter:
                 raise LogFailedError(f"creating log {seq} at {self._dest.url} failed: {e}") from e
             self._sw = sw
             self._seq = seq
-            self._chain.advance(batch)
             self._log_update_records = 0
             if old is not None:
                 self._seal(old, first, old_head)
@@ -520,7 +554,7 @@ class BatchWriter:
     def _seal(self, sw: SegmentWriter, next_lsn: int, chain: bytes | None = None) -> None:
         """Seal ``sw``'s log, whose chain ends at ``chain`` (None: the chain head now)."""
         complete_lsn = self._complete_lsn
-        head = self._chain.head if chain is None else chain
+        head = self._head if chain is None else chain
         signed = self._checkpoints.seal_fields(sw.seq, next_lsn, head)
         self.guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn, head, signed)))
 
@@ -601,7 +635,7 @@ class BatchWriter:
 
     def _pending(self) -> bool:
         sw = self._sw
-        return self._buffer.pending or (sw is not None and sw.holds_pending)
+        return self._buffer.pending or self._control is not None or (sw is not None and sw.holds_pending)
 
     # -- closing --------------------------------------------------------------------------
 

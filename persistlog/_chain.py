@@ -6,8 +6,9 @@ across segments and logs: the first batch of a log (its header) links to the hea
 log before it. The seal links to the head and leaves it where it is: the next log was
 started (and linked to that head) before the seal was written.
 
-:class:`Chain` is the writer's end: the head the next batch links to. The reading end is
-in ``_reader.LogScanner``, which checks every link as it reads.
+The writer's end is the segment writer's ``head`` (``_segment_writer``): the hash of the
+last batch it holds, what the next batch links to. The reading end is in
+``_reader.LogScanner``, which checks every link as it reads.
 """
 
 from __future__ import annotations
@@ -47,22 +48,3 @@ def link_of(batch: bytes) -> bytes | None:
 def segment_version(first_batch: bytes) -> int:
     """The segment format version of a log whose first batch is ``first_batch``."""
     return F.CHAINED_VERSION if link_of(first_batch) is not None else F.FORMAT_VERSION
-
-
-class Chain:
-    """A writer's chain head: what the next batch it frames links to (None: chain off)."""
-
-    __slots__ = ("head",)
-
-    def __init__(self, head: bytes | None) -> None:
-        if head is not None and len(head) != F.LINK_SIZE:
-            raise ValueError(f"a chain head is {F.LINK_SIZE} bytes, not {len(head)}")
-        self.head = head
-
-    def advance(self, batch: bytes) -> None:
-        """``batch`` was appended: the next batch links to it."""
-        if self.head is not None:
-            self.head = batch_hash(batch)
-
-    def __repr__(self) -> str:
-        return "Chain(off)" if self.head is None else f"Chain(head={self.head[:8].hex()}…)"

@@ -40,7 +40,7 @@ from destinations import Destination, LockHeld, WriterLock
 
 from . import _encoder
 from . import _format as F
-from ._chain import head_after, link_of
+from ._chain import link_of
 from ._errors import WriterConflict
 from ._reader import chain_end, end_after_seal, header_record, list_logs, newest_seal
 from ._restore import reach
@@ -482,7 +482,7 @@ class Secondary:
             started = segment_writer(self.dest, seq, self.segment_bytes)
             started.start(first, header_batch)
             self._sw = started
-            self._head = self._end_head = head_after(header_batch)
+            self._head = self._end_head = started.head
             self._next_lsn = first
             self._complete_lsn = None
             self._end = (seq, first)
@@ -497,8 +497,8 @@ class Secondary:
             raise RuntimeError(f"events of log {sw.seq} were dropped while the secondary was busy")
         if kind == "batch":
             _, _, data, first, end = event
-            sw.append(data, first, end)
-            self._head = self._end_head = head_after(data)
+            sw.append(data, first, end)  # nothing if it holds it (handed over again)
+            self._head = self._end_head = sw.head
             self._next_lsn = end
             self._end = (sw.seq, end)
             self.batches += 1

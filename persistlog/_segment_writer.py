@@ -17,8 +17,11 @@ An exception that is not an ``OSError`` (a ``KeyboardInterrupt`` in the app's th
 stop an append between its I/O and its bookkeeping. Each writer then knows what it was
 doing (``_appending``, ``_putting``) and settles it at its next call from what storage
 really holds: an append that went through is counted, one that went half way is cut
-back. ``append`` of a batch whose LSNs were appended already does nothing, so the Log
-simply hands an interrupted batch over again.
+back. ``append`` of a batch it holds already does nothing (a record batch whose LSNs were
+appended, or the control batch appended last), so the Log simply hands an interrupted
+batch over again. The chain head (:attr:`SegmentWriter.head`, what the next batch links
+to) is part of that bookkeeping: it is always the hash of the last batch the writer holds,
+whatever an interruption cut short.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from destinations import AppendFile, Destination
 
 from . import _encoder
 from . import _format as F
-from ._chain import segment_version
+from ._chain import head_after, segment_version
 from ._errors import WriterConflict
 from ._reader import last_segment_state, list_logs, newer_log
 
@@ -153,6 +156,17 @@ class SegmentWriter:
         self.next_lsn = 0  # the first LSN not appended yet
         self._seal_written = False
         self.version = F.FORMAT_VERSION  # of its segments: that of its header batch
+        #: The chain head after the last batch this writer holds (the seal aside): what
+        #: the next batch links to. None: the log is not chained.
+        self.head: bytes | None = None
+        # The last batch appended, if it was a control batch (it takes no LSN): the very
+        # batch handed over again after an interruption is not appended twice.
+        self._last_control: bytes | None = None
+
+    def holds(self, data: bytes, first_lsn: int, next_lsn: int) -> bool:
+        """Whether ``data`` (covering ``[first_lsn, next_lsn)``) was appended already: a
+        record batch whose LSNs it holds, or the control batch it appended last."""
+        return first_lsn < self.next_lsn or (first_lsn == next_lsn and data is self._last_control)
 
     def start(self, first_lsn: int, header_batch: bytes) -> None:
         """Create segment 0 holding the log header; durable when this returns."""
@@ -196,8 +210,8 @@ class AppendSegments(SegmentWriter):
         self._file: AppendFile | None = None
         self._size = 0
         # An append under way: (segment size before it, its bytes, next LSN after it,
-        # whether it is the seal).
-        self._appending: tuple[int, int, int, bool] | None = None
+        # whether it is the seal, the chain head after it, the control batch it is).
+        self._appending: tuple[int, int, int, bool, bytes | None, bytes | None] | None = None
 
     def _open_segment(self, number: int, first_lsn: int, first_batch: bytes = b"") -> None:
         name = F.segment_name(self.seq, number)
@@ -212,6 +226,7 @@ class AppendSegments(SegmentWriter):
         self.version = segment_version(header_batch)
         self._open_segment(0, first_lsn, header_batch)
         self.next_lsn = first_lsn
+        self.head = head_after(header_batch)
 
     def _settle(self) -> None:
         """Count an interrupted append that went through; cut one that went half way."""
@@ -219,39 +234,44 @@ class AppendSegments(SegmentWriter):
         if appending is None:
             return
         assert self._file is not None
-        before, n, next_lsn, seal = appending
+        before, n, next_lsn, seal, head, control = appending
         size = self._file.size
         if size == before + n:
             self._size = size
             self.bytes_written += n
             self.next_lsn = next_lsn
             self._seal_written = seal
+            self.head = head
+            self._last_control = control
             self._appending = None
             return
         if size != before:
             self._file.truncate(before)
         self._appending = None
 
-    def _write(self, data: bytes, next_lsn: int, seal: bool = False) -> None:
+    def _write(self, data: bytes, next_lsn: int, head: bytes | None, control: bytes | None,
+               seal: bool = False) -> None:
         assert self._file is not None
         n = len(data)
         before = self._size
-        self._appending = (before, n, next_lsn, seal)
+        self._appending = (before, n, next_lsn, seal, head, control)
         self._file.write(data)
         # Bookkeeping without a call in between: an interruption lands before or after.
         self._size = before + n
         self.bytes_written += n
         self.next_lsn = next_lsn
         self._seal_written = seal
+        self.head = head
+        self._last_control = control
         self._appending = None
 
     def append(self, data: bytes, first_lsn: int, next_lsn: int) -> None:
         self._settle()
-        if first_lsn < self.next_lsn:
+        if self.holds(data, first_lsn, next_lsn):
             return  # an interrupted caller hands the batch over again
         if self._size >= self.segment_bytes:
             self._roll(first_lsn)
-        self._write(data, next_lsn)
+        self._write(data, next_lsn, head_after(data), data if first_lsn == next_lsn else None)
 
     def _roll(self, first_lsn: int) -> None:
         """Continue in a new segment; the full one is synced first (durable in order)."""
@@ -292,7 +312,8 @@ class AppendSegments(SegmentWriter):
         assert self._file is not None
         self._settle()
         if not self._seal_written:
-            self._write(seal_batch + _encoder.seal_trailer(self._size), self.next_lsn, seal=True)
+            # The seal links to the head and leaves it where it is.
+            self._write(seal_batch + _encoder.seal_trailer(self._size), self.next_lsn, self.head, None, seal=True)
         self._file.sync()
         self.sealed = True
         self.close()
@@ -308,8 +329,9 @@ class ObjectSegments(SegmentWriter):
         super().__init__(dest, seq, segment_bytes)
         self._pending: list[bytes] = []
         self._pending_first_lsn = 0
-        # An append under way: (pending batches before it, next LSN after it).
-        self._appending: tuple[int, int] | None = None
+        # An append under way: (pending batches before it, next LSN after it, the chain
+        # head after it, the control batch it is).
+        self._appending: tuple[int, int, bytes | None, bytes | None] | None = None
         # A PUT under way: (segment number, its bytes, pending batches it holds, seal).
         self._putting: tuple[int, bytes, int, bool] | None = None
         # Whether confirm() ran since the last segment of this writer landed.
@@ -319,7 +341,7 @@ class ObjectSegments(SegmentWriter):
         appending = self._appending
         if appending is not None:
             if len(self._pending) > appending[0]:
-                self.next_lsn = appending[1]
+                _, self.next_lsn, self.head, self._last_control = appending
             self._appending = None
         putting = self._putting
         if putting is not None:
@@ -368,16 +390,22 @@ class ObjectSegments(SegmentWriter):
         self._pending_first_lsn = self.next_lsn = first_lsn
         self._pending = [header_batch]
         self._put()
+        self.head = head_after(header_batch)
 
     def append(self, data: bytes, first_lsn: int, next_lsn: int) -> None:
         self._settle()
-        if first_lsn < self.next_lsn:
+        if self.holds(data, first_lsn, next_lsn):
             return  # an interrupted caller hands the batch over again
         if not self._pending:
             self._pending_first_lsn = first_lsn
-        self._appending = (len(self._pending), next_lsn)
+        head = head_after(data)
+        control = data if first_lsn == next_lsn else None
+        self._appending = (len(self._pending), next_lsn, head, control)
         self._pending.append(data)
+        # Bookkeeping without a call in between: an interruption lands before or after.
         self.next_lsn = next_lsn
+        self.head = head
+        self._last_control = control
         self._appending = None
 
     @property

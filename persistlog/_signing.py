@@ -103,14 +103,12 @@ class Signer:
 class Checkpoints:
     """A writer's signed checkpoints: what to add to a seal, and when a checkpoint is due."""
 
-    __slots__ = ("signer", "interval", "_last", "_handed_out")
+    __slots__ = ("signer", "interval", "_last")
 
     def __init__(self, signer: Signer | None, interval: float) -> None:
         self.signer = signer
         self.interval = interval
         self._last = time.monotonic()
-        # The last batch appended is the checkpoint handed out: none goes right after it.
-        self._handed_out = False
 
     def seal_fields(self, seq: int, next_lsn: int, head: bytes | None) -> dict[str, Any]:
         """What a seal of log ``seq`` ending at ``next_lsn`` and ``head`` adds: a signature
@@ -121,15 +119,11 @@ class Checkpoints:
 
     def due(self, seq: int, lsn: int, head: bytes | None) -> bytes | None:
         """A checkpoint batch of log ``seq`` at the LSN due ``lsn`` linking to ``head``,
-        when ``interval`` seconds passed since the last one; None otherwise (and right after
-        the batch it handed out: called again once that is appended)."""
-        if self._handed_out:
-            self._handed_out = False
-            return None
+        when ``interval`` seconds passed since the last one; None otherwise. Asked after
+        each batch but a checkpoint."""
         if self.signer is None or head is None or time.monotonic() - self._last < self.interval:
             return None
         self._last = time.monotonic()
-        self._handed_out = True
         record = {"t": F.CONTROL_CHECKPOINT, "seq": seq, "lsn": lsn, "head": head, **self.signer.fields(seq, lsn, head)}
         return _encoder.control_batch([record], lsn, time.time_ns() // 1000, head)
 

@@ -182,3 +182,74 @@ def test_an_interruption_at_any_storage_step_loses_nothing(tmp_path: Path, where
         _check_restored(plain, acked)
     # Steps taken on the rotation thread are not interrupted (Ctrl-C reaches the main one).
     assert interrupted >= len(steps) // 3, (interrupted, len(steps))
+
+
+# -- an interruption between a control batch's write and the Log's note of it -------------
+
+
+def _interrupt_after_control_batches(monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], list[bool]]:
+    """Have each segment writer's ``append`` raise ``KeyboardInterrupt`` on the main thread
+    right after it appended a control batch (it takes no LSN), while armed (once per arming):
+    the batch is at the segment writer, the Log has not taken note of it. Returns the
+    batches interrupted, and the arming flag to set."""
+    from persistlog._segment_writer import AppendSegments, ObjectSegments
+
+    interrupted: list[bytes] = []
+    armed = [False]
+    for cls in (AppendSegments, ObjectSegments):
+        real = cls.append
+
+        def append(sw: Any, data: bytes, first_lsn: int, next_lsn: int, real: Any = real) -> None:
+            real(sw, data, first_lsn, next_lsn)
+            if first_lsn == next_lsn and armed[0] and threading.current_thread() is threading.main_thread():
+                armed[0] = False
+                interrupted.append(data)
+                raise KeyboardInterrupt("right after a control batch was appended")
+
+        monkeypatch.setattr(cls, "append", append)
+    return interrupted, armed
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_an_interruption_right_after_a_control_batch_keeps_the_chain(
+        tmp_path: Path, where: str, clean_memory_fs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt right after the segment writer took a control batch (a signed
+    checkpoint, written on the app's thread after its record batch in ``flush`` mode)
+    and before the Log took note of it: the batches after it and the seal link to it, at
+    the primary and at its secondary, and a strict restore of each gives every update
+    acknowledged."""
+    ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
+    key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+    if where == "local":
+        url, secondary = str(tmp_path / "log"), str(tmp_path / "secondary")
+    else:
+        url, secondary = "memory://interrupts/control/log", "memory://interrupts/control/secondary"
+    acked = {"n": 0}
+
+    def enumerate_all(emit: Any) -> None:
+        emit({"upto": acked["n"]})
+
+    interrupted, armed = _interrupt_after_control_batches(monkeypatch)
+    lg = persistlog.open(url, enumerate_all, durability="flush", segment_bytes=4096, flush_interval=3600,
+                         secondaries=[secondary], signing_key=key, sign_interval=1e-9, replay=lambda r: None)
+    interrupts = 0
+
+    def retried(call: Any) -> None:
+        nonlocal interrupts
+        armed[0] = True  # once per call: its retry goes through
+        while True:
+            try:
+                call()
+                return
+            except KeyboardInterrupt:
+                interrupts += 1
+
+    for i in range(30):
+        retried(lambda: lg.update({"i": i, "pad": "x" * 150}))
+        acked["n"] = i + 1
+        if i == 15:
+            retried(lg.rotate)
+    retried(lg.close)
+    assert interrupts >= 20 and len(interrupted) == interrupts, (interrupts, len(interrupted))
+    _check_restored(url, acked["n"])
+    _check_restored(secondary, acked["n"])
