@@ -93,6 +93,17 @@ def _interrupt_here(label: str, point: str) -> None:
         raise KeyboardInterrupt(f"at {point}")
 
 
+def _retried(call: Any) -> int:
+    """Call ``call()`` until no KeyboardInterrupt stops it; returns how many did."""
+    interrupts = 0
+    while True:
+        try:
+            call()
+            return interrupts
+        except KeyboardInterrupt:
+            interrupts += 1
+
+
 def _workload(url: str, options: dict[str, Any], sim: CrashSim, at: tuple[str, int] | None) -> tuple[int, int, int]:
     """Log 40 records (each written at once: ``flush`` mode), with syncs, a rotation and
     segment roll-overs, retrying whatever a KeyboardInterrupt stopped; then close. With
@@ -113,12 +124,7 @@ def _workload(url: str, options: dict[str, Any], sim: CrashSim, at: tuple[str, i
 
     def retried(call: Any) -> None:
         nonlocal interrupts
-        while True:
-            try:
-                call()
-                return
-            except KeyboardInterrupt:
-                interrupts += 1
+        interrupts += _retried(call)
 
     for i in range(40):
         retried(lambda: lg.update({"i": i, "pad": "x" * 150}))
@@ -237,12 +243,7 @@ def test_an_interruption_right_after_a_control_batch_keeps_the_chain(
     def retried(call: Any) -> None:
         nonlocal interrupts
         armed[0] = True  # once per call: its retry goes through
-        while True:
-            try:
-                call()
-                return
-            except KeyboardInterrupt:
-                interrupts += 1
+        interrupts += _retried(call)
 
     for i in range(30):
         retried(lambda: lg.update({"i": i, "pad": "x" * 150}))
