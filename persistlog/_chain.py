@@ -14,6 +14,9 @@ last batch it holds, what the next batch links to. The reading end is in
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import _format as F
 
@@ -27,6 +30,43 @@ def batch_hash(*parts: bytes | memoryview) -> bytes:
     for p in parts:
         h.update(p)
     return h.digest()
+
+
+#: A batch at least this big is hashed off the reading thread (:func:`hash_soon`): below
+#: it, handing the work over costs more than it saves.
+OFFLOAD_BYTES = 128 * 1024
+
+_hasher: ThreadPoolExecutor | None = None
+_hasher_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _hasher
+    _hasher = None  # the parent's thread does not exist in the child
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def hash_soon(*parts: bytes) -> bytes | Future[bytes]:
+    """:func:`batch_hash` of ``parts``: at once for a small batch; for a big one, a future
+    computed by one process-wide thread while the caller goes on. SHA-256 lets go of the
+    GIL as it hashes, so a reader decodes one batch while the batch is being hashed, and
+    the chain costs a reader little more wall time than no chain (docs/DESIGN.md, "Hash
+    chain"). The caller takes the result before it compares the next link."""
+    if sum(len(p) for p in parts) < OFFLOAD_BYTES:
+        return batch_hash(*parts)
+    global _hasher
+    hasher = _hasher
+    if hasher is None:
+        with _hasher_lock:
+            hasher = _hasher
+            if hasher is None:
+                hasher = _hasher = ThreadPoolExecutor(1, thread_name_prefix="persistlog-hash")
+    try:
+        return hasher.submit(batch_hash, *parts)
+    except RuntimeError:  # at interpreter exit concurrent.futures takes no more work
+        return batch_hash(*parts)
 
 
 def head_after(batch: bytes) -> bytes | None:

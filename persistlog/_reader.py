@@ -11,13 +11,14 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from destinations import Destination
 
 from . import _format as F
-from ._chain import batch_hash
+from ._chain import hash_soon
 from ._decoder import (
     BatchHeader,
     Damage,
@@ -159,8 +160,9 @@ class LogState:
     chained: bool = False
     # The link of the log's first batch (its header): the chain head of the log before it.
     first_link: bytes | None = None
-    # The chain head where the scan stopped: the hash of the last batch that moves it.
-    chain_head: bytes | None = None
+    # The chain head where the scan stopped (the hash of the last batch that moves it):
+    # :attr:`chain_head`, which a big batch's hash still being computed makes wait.
+    _head: bytes | Future[bytes] | None = None
     # Encrypted batches read, and how many of them were not opened (structure-only keys):
     # their CRCs and links were checked, their GCM tags not.
     encrypted: int = 0
@@ -169,6 +171,18 @@ class LogState:
     @property
     def complete(self) -> bool:
         return self.complete_lsn is not None
+
+    @property
+    def chain_head(self) -> bytes | None:
+        """The chain head where the scan stopped: the hash of the last batch that moves it."""
+        head = self._head
+        if isinstance(head, Future):
+            head = self._head = head.result()
+        return head
+
+    def move_head(self, head: bytes | Future[bytes] | None) -> None:
+        """Move the chain head (a hash, or one being computed: :func:`_chain.hash_soon`)."""
+        self._head = head
 
 
 class SegmentGone(FileNotFoundError):
@@ -492,9 +506,9 @@ class LogScanner:
         # known, or not chained; the first link is taken as given).
         self.expect_link = expect_link
         self.start = start
-        # The link the next batch must carry (None: taken as given), and where the batch
-        # it is the hash of sits.
-        self._link: bytes | None = None
+        # The link the next batch must carry (None: taken as given; a future: the hash of a
+        # big batch being computed, see _next_link), and where the batch it is the hash of sits.
+        self._link: bytes | Future[bytes] | None = None
         self._linked_from: tuple[str, int] | None = None
         self._version: int | None = None
         self.tail_ok = tail_ok
@@ -693,6 +707,7 @@ class LogScanner:
             self._link = None
             return
         link = stored[: F.LINK_SIZE]
+        expect = self._next_link()
         if st.first_link is None and pos == F.SEGMENT_HEADER_SIZE and self.start is None and name == self.segments[0][1]:
             st.first_link = link
         # A header declaring a gap (a secondary's, docs/FORMAT.md) says this log does not
@@ -700,11 +715,11 @@ class LogScanner:
         declares_gap = controls is not None and any(
             c["t"] == F.CONTROL_HEADER and c.get(F.HEADER_AFTER_GAP) is True for c in controls
         )
-        if self._link is not None and link != self._link and not declares_gap:
+        if expect is not None and link != expect and not declares_gap:
             if self._linked_from is None:
-                before = f"the log before it ends at chain head {self._link.hex()[:16]}"
+                before = f"the log before it ends at chain head {expect.hex()[:16]}"
             else:
-                before = f"the batch before it ({self._linked_from[0]} offset {self._linked_from[1]}) hashes to {self._link.hex()[:16]}"
+                before = f"the batch before it ({self._linked_from[0]} offset {self._linked_from[1]}) hashes to {expect.hex()[:16]}"
             self._corrupt(
                 f"hash chain broken: the batch at LSN {header.first_lsn} links to {link.hex()[:16]}, but {before} "
                 "(a batch was changed, removed or inserted)", name, pos,
@@ -714,7 +729,7 @@ class LogScanner:
             # A seal or fence links to the head and leaves it there: the next log was linked
             # to that head before its seal was written.
             if st.chain_head is None:
-                st.chain_head = link
+                st.move_head(link)
             for c in controls or ():
                 if c["t"] == F.CONTROL_SEAL and c.get(F.SEAL_CHAIN) != link:
                     self._corrupt("the seal names another chain head than its link", name, pos)
@@ -725,8 +740,18 @@ class LogScanner:
                 c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
             ):
                 self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
-        self._link = st.chain_head = batch_hash(head_bytes, stored)
+        self._link = hash_soon(head_bytes, stored)
+        st.move_head(self._link)
         self._linked_from = (name, pos)
+
+    def _next_link(self) -> bytes | None:
+        """The link the next batch must carry, waiting for the hash of the batch before it
+        if that is still being computed (off this thread, so that the caller decoded that
+        batch meanwhile)."""
+        link = self._link
+        if isinstance(link, Future):
+            link = self._link = link.result()
+        return link
 
     def _apply_controls(self, controls: list[dict[str, Any]], header: BatchHeader, name: str, pos: int) -> None:
         st = self.state

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
+import threading
+import time
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 
@@ -23,6 +26,7 @@ from kv_app import App, restore_state
 from log_files import crash
 
 import persistlog
+from persistlog import _chain
 from persistlog import _format as F
 from persistlog.cli import main
 
@@ -126,6 +130,55 @@ def test_edit_one_byte_and_fix_its_crc(log_dir: str) -> None:
     status, out = cli("verify", log_dir)
     assert status == 1 and f"CORRUPT: log {e.log} segment {name} offset {offset}" in out
     assert "hash chain broken" in out
+
+
+def test_batches_hashed_off_the_reading_thread_are_checked_alike(log_dir: str) -> None:
+    """A batch of ``_chain.OFFLOAD_BYTES`` or more is hashed on another thread while the
+    reader goes on: an edit in one is still named at the batch after it, and the chain
+    head reported at the end is the hash of the last batch."""
+    app = App({"seed": 0})
+    app.open(log_dir, durability="fsync", retain=10)
+    for i in range(6):
+        app.put(f"k{i}", "v" * (_chain.OFFLOAD_BYTES + 1000))  # one batch each, all offloaded
+    app.log.close()  # type: ignore[union-attr]
+    assert restore_state(log_dir)[0] == app.data
+    assert any(t.name.startswith("persistlog-hash") for t in threading.enumerate())  # offloaded
+    status, out = cli("info", "--json", log_dir)
+    segments = tamper.load(log_dir)
+    newest = max(s.seq for s in segments)
+    moving = [b for s in segments if s.seq == newest for b in s.batches if b.control_type() != "seal"]
+    assert status == 0 and json.loads(out)["logs"][-1]["chain_head"] == sha256(moving[-1].to_bytes()).hex()
+    name, offset = edit_a_record(log_dir)
+    with pytest.raises(persistlog.CorruptLogError, match="hash chain broken") as info:
+        restore_state(log_dir)
+    assert (info.value.segment, info.value.offset) == (name, offset)
+
+
+def test_a_forked_child_hashes_on_a_thread_of_its_own(log_dir: str) -> None:
+    """The hashing thread of the parent does not exist in a child forked after it started
+    (a Spark worker, say): the child's reads make their own."""
+    app = App({"seed": 0})
+    app.open(log_dir, durability="fsync")
+    for i in range(3):
+        app.put(f"k{i}", "v" * (_chain.OFFLOAD_BYTES + 1000))
+    app.log.close()  # type: ignore[union-attr]
+    assert restore_state(log_dir)[0] == app.data  # the parent's thread is started
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if the same state comes back
+        try:
+            os._exit(0 if restore_state(log_dir)[0] == app.data else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's restore hung")
 
 
 def test_drop_a_batch(log_dir: str) -> None:
