@@ -1,5 +1,5 @@
 """What signed checkpoints prove about a destination, given its public key: the part of
-``persistlog verify --public-key`` beyond the checks every reader makes.
+``persistlog verify --public-key`` (one or more keys) beyond the checks every reader makes.
 
 :func:`audit` takes the :class:`~persistlog._destination_report.DestinationReport` of a
 whole destination (every link checked) and checks every signature in it. The history is
@@ -23,7 +23,7 @@ class Audit:
     there is none), ``chain_from`` the log its chain starts in, ``problems`` the bad
     signatures, and ``breaks`` every corruption before the newest signed head."""
 
-    key_id: str
+    key_ids: tuple[str, ...]
     signed: int = 0
     proven: SignedHead | None = None
     chain_from: int | None = None
@@ -39,7 +39,7 @@ class Audit:
 
 def audit(report: DestinationReport, verifier: Verifier) -> Audit:
     """Check every signature at the destination ``report`` describes with ``verifier``."""
-    result = Audit(key_id=verifier.key_id)
+    result = Audit(key_ids=verifier.key_ids)
     valid: list[SignedHead] = []
     chain_from: int | None = None
     starts: dict[int, int] = {}  # log -> the log its chain starts in

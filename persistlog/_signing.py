@@ -129,14 +129,22 @@ class Checkpoints:
 
 
 class Verifier:
-    """Checks signed records with one public key."""
+    """Checks signed records with the public keys given: a writer's key, and the keys it
+    signed with before (a writer whose ``signing_key`` was replaced signs its older logs'
+    checkpoints with the old key). Each signed record names its key id; a record signed
+    with a key not given does not verify."""
 
-    def __init__(self, public_key: Any) -> None:
+    def __init__(self, *public_keys: Any) -> None:
+        if not public_keys:
+            raise ValueError("a Verifier needs at least one public key")
         self._ed25519 = _ed25519()
-        if isinstance(public_key, bytes):
-            public_key = load_public_key(public_key)
-        self._key = public_key
-        self.key_id = key_id(_raw_public(public_key))
+        self._keys: dict[str, Any] = {}
+        for public_key in public_keys:
+            if isinstance(public_key, bytes):
+                public_key = load_public_key(public_key)
+            self._keys[key_id(_raw_public(public_key))] = public_key
+        #: The ids of the keys given, in the order given.
+        self.key_ids = tuple(self._keys)
 
     def check(self, record: dict[str, Any], seq: int, lsn: int, head: bytes) -> str | None:
         """Why ``record`` (a checkpoint or seal of log ``seq`` at ``lsn``, whose chain head
@@ -146,10 +154,12 @@ class Verifier:
         sig, key = record.get("sig"), record.get("key")
         if not isinstance(sig, bytes) or len(sig) != F.SIGNATURE_SIZE:
             return "no signature"
-        if key != self.key_id:
-            return f"signed with key {key!r}, not with the public key given ({self.key_id})"
+        public_key = self._keys.get(key) if isinstance(key, str) else None
+        if public_key is None:
+            given = ", ".join(self.key_ids)
+            return f"signed with key {key!r}, not with the public key{'s' if len(self.key_ids) > 1 else ''} given ({given})"
         try:
-            self._key.verify(sig, _encoder.checkpoint_message(seq, lsn, head))
+            public_key.verify(sig, _encoder.checkpoint_message(seq, lsn, head))
         except InvalidSignature:
             return "the signature does not verify with the public key (the record or what it signs was changed)"
         return None

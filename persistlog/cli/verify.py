@@ -21,7 +21,7 @@ from .._crypt import OPAQUE
 from .._destination_check import inspect_destination
 from .._destination_report import DestinationReport, Problem, SignedHead
 from .._errors import KeyUnavailableError, MissingDependencyError
-from .._signing import Verifier
+from .._signing import Verifier, load_public_key
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
 from ._options import key_provider, open_log
 from .info import progress_callback, report_json
@@ -51,9 +51,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--torn-ok", action="store_true", help="exit 0 when the only damage is torn tails")
     p.add_argument(
-        "--public-key", metavar="FILE",
+        "--public-key", metavar="FILE", action="append",
         help="Ed25519 public key (PEM, or 32 raw bytes) of the writer's signing_key: check every signed "
-        "checkpoint and prove the history up to the newest signed head unchanged",
+        "checkpoint and prove the history up to the newest signed head unchanged; give it again for each "
+        "key the writer signed with (after a key change)",
     )
     p.set_defaults(run=run)
 
@@ -65,14 +66,17 @@ def describe(p: Problem) -> str:
 
 def run(args: argparse.Namespace) -> int:
     verifier = None
-    if args.public_key is not None:
-        try:
-            with open(args.public_key, "rb") as f:
-                verifier = Verifier(f.read())
-        except MissingDependencyError as e:
-            return fail(args, str(e), EXIT_USAGE)
-        except (OSError, ValueError) as e:
-            return fail(args, f"cannot use {args.public_key} as a public key: {e}", EXIT_USAGE)
+    if args.public_key:
+        keys = []
+        for path in args.public_key:
+            try:
+                with open(path, "rb") as f:
+                    keys.append(load_public_key(f.read()))
+            except MissingDependencyError as e:
+                return fail(args, str(e), EXIT_USAGE)
+            except (OSError, ValueError) as e:
+                return fail(args, f"cannot use {path} as a public key: {e}", EXIT_USAGE)
+        verifier = Verifier(*keys)
     dest = open_log(args)
     line = ProgressLine("verify")
     try:
@@ -114,6 +118,10 @@ def _head(s: SignedHead) -> str:
     return f"log {s.log} segment {s.segment} offset {s.offset} (the {s.kind} at LSN {s.lsn}, head {s.head.hex()[:16]})"
 
 
+def _keys(a: Audit) -> str:
+    return ("key " if len(a.key_ids) == 1 else "keys ") + ", ".join(a.key_ids)
+
+
 def print_audit(a: Audit) -> None:
     """What the signatures prove, after the verdict of the checks every reader makes."""
     for p in a.problems:
@@ -126,7 +134,7 @@ def print_audit(a: Audit) -> None:
         )
         return
     if a.proven is None:
-        print(f"UNPROVEN: no checkpoint signed with key {a.key_id} verifies ({plural(a.signed, 'signed record')} found)")
+        print(f"UNPROVEN: no checkpoint signed with {_keys(a)} verifies ({plural(a.signed, 'signed record')} found)")
         return
     if a.breaks:
         print(f"BROKEN: the history before the newest signed head, {_head(a.proven)}, was changed:")
@@ -136,7 +144,7 @@ def print_audit(a: Audit) -> None:
     start = f"from log {a.chain_from}" if a.chain_from is not None else "from its log's start"
     verdict = "PROVEN" if a.ok else "PROVEN (but see the bad signatures above)"
     print(
-        f"{verdict}: {plural(a.signed, 'signed record')} checked with key {a.key_id}; nothing {start} up to "
+        f"{verdict}: {plural(a.signed, 'signed record')} checked with {_keys(a)}; nothing {start} up to "
         f"the newest signed head, {_head(a.proven)}, was edited, inserted, removed or cut"
     )
     if a.unsigned_lsns:
@@ -146,7 +154,7 @@ def print_audit(a: Audit) -> None:
 def audit_json(a: Audit) -> dict[str, Any]:
     proven = a.proven
     return {
-        "key_id": a.key_id,
+        "key_ids": list(a.key_ids),
         "ok": a.ok,
         "records": a.signed,
         "proven": None if proven is None else {

@@ -91,6 +91,32 @@ def test_a_signed_destination_is_proven_up_to_its_newest_seal(log_dir: str, publ
     assert seal["key"] == Signer(KEY).key_id and len(seal["sig"]) == 64 and proven["head"] == seal["chain"].hex()
 
 
+def test_a_writer_that_changed_its_key_is_proven_with_both_public_keys(log_dir: str, tmp_path: Any) -> None:
+    """Logs signed with an old key, then (reopened with a new ``signing_key``) with a new
+    one: proven with both public keys given, and with the new one alone the old key's
+    signatures are named as not verifying."""
+    new_key = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+    write_signed(log_dir, logs=2)
+    app = App({"seed": 0})
+    app.open(log_dir, durability="fsync", segment_bytes=4096, retain=10, signing_key=new_key, sign_interval=1e-9)
+    app.put("after", "v" * 700)
+    app.log.close()  # type: ignore[union-attr]
+    paths = []
+    for name, key in (("old.pub", KEY), ("new.pub", new_key)):
+        paths.append(str(tmp_path / name))
+        with open(paths[-1], "wb") as f:
+            f.write(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo))
+    status, out = cli("verify", log_dir, "--public-key", paths[0], "--public-key", paths[1])
+    assert status == 0 and "PROVEN" in out and Signer(KEY).key_id in out and Signer(new_key).key_id in out, out
+    _, js = cli("verify", log_dir, "--public-key", paths[0], "--public-key", paths[1], "--json")
+    signed = json.loads(js)["signed"]
+    assert signed["ok"] and signed["key_ids"] == [Signer(KEY).key_id, Signer(new_key).key_id]
+    assert signed["proven"]["log"] == 3 and signed["proven"]["chain_from"] == 1
+    status, out = cli("verify", log_dir, "--public-key", paths[1])
+    assert status == 1 and "BROKEN" in out and f"signed with key {Signer(KEY).key_id!r}" in out, out
+
+
 def test_without_a_signature_nothing_is_proven(log_dir: str, public_key: str) -> None:
     App({"a": 1}).open(log_dir).close()
     status, out, js = verify(log_dir, public_key)
