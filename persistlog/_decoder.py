@@ -169,6 +169,14 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
     return raw
 
 
+def key_id_of(header: BatchHeader, stored: bytes | memoryview) -> str:
+    """The key id an encrypted batch names (docs/FORMAT.md, "Encryption"), as text (bytes
+    that are not UTF-8 shown replaced: a damaged id fails the batch's tag anyway)."""
+    at = F.LINK_SIZE if header.flags & F.FLAG_LINKED else 0
+    n = stored[at] if len(stored) > at else 0
+    return bytes(stored[at + 1:at + 1 + n]).decode("utf-8", "replace")
+
+
 def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None) -> bytes | None:
     """The decrypted payload of an encrypted batch (None with opaque keys)."""
     from ._crypt import Opaque
@@ -176,8 +184,7 @@ def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys:
     link = F.LINK_SIZE if header.flags & F.FLAG_LINKED else 0
     body = memoryview(stored)[link:]
     if keys is None:
-        n = body[0]
-        kid = bytes(body[1:1 + n]).decode("utf-8", "replace")
+        kid = key_id_of(header, stored)
         raise KeyUnavailableError(
             f"the batch at offset {offset} is encrypted under key id {kid!r} and no key provider was "
             "given (key_provider=, --key-provider)", key_id=kid,

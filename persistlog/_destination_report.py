@@ -156,6 +156,18 @@ class LogInfo:
     #: CRCs and links checked, their GCM tags not).
     encrypted_batches: int = 0
     unopened_batches: int = 0
+    #: The key ids its encrypted batches name, in the order first met (never a key).
+    key_ids: list[str] = field(default_factory=list)
+
+    @property
+    def signing_key_ids(self) -> list[str]:
+        """The ids of the keys its signed records name, in the order first met."""
+        ids: list[str] = []
+        for s in self.signed:
+            kid = s.record.get("key")
+            if isinstance(kid, str) and kid not in ids:
+                ids.append(kid)
+        return ids
 
     @property
     def bytes(self) -> int:
@@ -199,6 +211,8 @@ class LogInfo:
             "chain_head": None if self.chain_head is None else self.chain_head.hex(),
             "encrypted_batches": self.encrypted_batches,
             "unopened_batches": self.unopened_batches,
+            "key_ids": list(self.key_ids),
+            "signing_key_ids": self.signing_key_ids,
             "created_us": self.created_us,
             "vanished": self.vanished,
             "problems": [p.to_dict() for p in self.problems],

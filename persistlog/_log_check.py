@@ -142,6 +142,7 @@ class LogCheck:
         info.sealed = st.sealed
         info.chain_head = st.chain_head if st.chained else None
         info.encrypted_batches, info.unopened_batches = st.encrypted, st.unopened
+        info.key_ids = list(st.key_ids)
         info.first_link = st.first_link
         if st.torn is not None:
             t = st.torn

@@ -25,6 +25,7 @@ from ._decoder import (
     RecordKinds,
     RecordSlices,
     check_payload,
+    key_id_of,
     control_records,
     parse_batch_header,
     parse_closed_note,
@@ -167,6 +168,8 @@ class LogState:
     # their CRCs and links were checked, their GCM tags not.
     encrypted: int = 0
     unopened: int = 0
+    # The key ids those batches name, in the order first met (never the keys).
+    key_ids: list[str] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -671,6 +674,9 @@ class LogScanner:
             if header.flags & F.FLAG_ENCRYPTED:
                 st.encrypted += 1
                 st.unopened += self.keys is OPAQUE
+                kid = key_id_of(header, stored)
+                if kid not in st.key_ids:
+                    st.key_ids.append(kid)
             batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)

@@ -137,6 +137,12 @@ def print_report(report: DestinationReport) -> None:
     total_bytes = sum(lg.bytes for lg in report.logs)
     total_records = sum(lg.records for lg in report.logs)
     print(f"logs         {len(report.logs)}, {fmt_bytes(total_bytes)}, {plural(total_records, 'record')}")
+    encrypted = [kid for lg in report.logs for kid in lg.key_ids]
+    signed = [kid for lg in report.logs for kid in lg.signing_key_ids]
+    for label, named in (("encrypted", encrypted), ("signed", signed)):
+        ids = list(dict.fromkeys(named))
+        if ids:
+            print(f"{label:<12} {'key' if len(ids) == 1 else 'keys'} {', '.join(ids)}")
     if report.restore_from is not None:
         how = "a complete log" if report.restore_complete else "NO complete log: replays every log from the oldest"
         print(f"restore      starts at log {report.restore_from} ({how})")

@@ -85,6 +85,12 @@ def test_round_trip_across_rotation_and_reopen_with_a_key_rotated_at_rotation(lo
     ids = {b.body[1:1 + b.body[0]].decode() for s in tamper.load(log_dir) for b in s.batches
            if b.flags & F.FLAG_ENCRYPTED}
     assert ids == {"2026-10", "2026-11"}
+    # info names the key ids of each log (read without a provider), never a key.
+    status, out, _ = cli("info", log_dir, "--json")
+    assert status == 0 and [lg["key_ids"] for lg in json.loads(out)["logs"]] == [["2026-10"], ["2026-11"], ["2026-11"]]
+    status, out, _ = cli("info", log_dir)
+    assert status == 0 and "encrypted    keys 2026-10, 2026-11" in out
+    assert not any(k.hex() in out for k in KEYS.values())
     # Old logs stay readable: every record of every log, read from the first.
     updates = [r.record["key"] for r in persistlog.read(log_dir, key_provider=provider) if r.kind == "update"]
     assert updates == ["b", "c", "d"]
@@ -307,6 +313,9 @@ def test_an_auditor_proves_an_encrypted_log_with_the_public_key_alone(log_dir: s
     write(log_dir, rotations=0, updates=8, signing_key=signing)
     status, out, _ = cli("verify", log_dir, "--public-key", str(public))
     assert status == 0 and "\nPROVEN:" in "\n" + out and "not opened" in out
+    from persistlog._signing import Signer
+    status, out, _ = cli("info", log_dir)
+    assert status == 0 and f"signed       key {Signer(signing).key_id}" in out and "encrypted    key 2026-10" in out
     # Ciphertext changed, CRCs and the whole chain recomputed: no key is needed to see it.
     tamper_ciphertext(log_dir)
     status, out, _ = cli("verify", log_dir, "--public-key", str(public))
