@@ -551,11 +551,16 @@ class BatchWriter:
             sw = self._sw
             return complete_lsn, sw.bytes_written if sw is not None else 0
 
+    def seal_signature(self, seq: int, next_lsn: int, head: bytes | None) -> dict[str, Any]:
+        """What a seal of log ``seq`` ending at ``next_lsn`` and ``head`` adds when this
+        writer signs (a secondary's seal too): the key id and signature; else nothing."""
+        return self._checkpoints.seal_fields(seq, next_lsn, head)
+
     def _seal(self, sw: SegmentWriter, next_lsn: int, chain: bytes | None = None) -> None:
         """Seal ``sw``'s log, whose chain ends at ``chain`` (None: the chain head now)."""
         complete_lsn = self._complete_lsn
         head = self._head if chain is None else chain
-        signed = self._checkpoints.seal_fields(sw.seq, next_lsn, head)
+        signed = self.seal_signature(sw.seq, next_lsn, head)
         self.guarded(lambda: sw.seal(seal_batch(next_lsn, complete_lsn, head, signed)))
 
     # -- holding writers while a trigger switches logs ------------------------------------

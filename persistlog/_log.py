@@ -575,6 +575,7 @@ class Log:
             # Weakly, like the Log's jobs: a Log nobody holds is collected (and
             # warned about and sealed) even while its secondaries' threads run.
             on_ready=weak_method(self._secondary_ready),
+            sign_seal=self._writer.seal_signature,
         )
         secondary.attach()
         return secondary

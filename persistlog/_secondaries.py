@@ -92,8 +92,12 @@ class Secondary:
         queue_batches: int = QUEUE_BATCHES,
         lease_ttl: float = LEASE_TTL,
         on_ready: Callable[[], None] | None = None,
+        sign_seal: Callable[[int, int, bytes | None], dict[str, Any]] | None = None,
     ) -> None:
         self.lease_ttl = lease_ttl
+        # The writer's signature of a seal (seq, next LSN, chain head): a secondary's
+        # seals are signed as the writer's are (nothing when it does not sign).
+        self.sign_seal = sign_seal
         self.dest = dest
         self.writer_id = writer_id
         self.segment_bytes = segment_bytes
@@ -536,7 +540,8 @@ class Secondary:
         sw = self._sw
         if sw is None:
             return
-        sw.seal(seal_batch(self._next_lsn, self._complete_lsn, self._head))
+        signed = self.sign_seal(sw.seq, self._next_lsn, self._head) if self.sign_seal is not None else None
+        sw.seal(seal_batch(self._next_lsn, self._complete_lsn, self._head, signed))
         sw.confirm()  # no other writer took this secondary over and deleted the log meanwhile
         self._written()
         self._sw = None

@@ -117,6 +117,24 @@ def test_a_writer_that_changed_its_key_is_proven_with_both_public_keys(log_dir: 
     assert status == 1 and "BROKEN" in out and f"signed with key {Signer(KEY).key_id!r}" in out, out
 
 
+def test_a_secondarys_seals_are_signed_as_the_writers_are(log_dir: str, public_key: str, tmp_path: Any) -> None:
+    backup = str(tmp_path / "backup")
+    app = App({"seed": 0})
+    app.open(log_dir, durability="fsync", segment_bytes=4096, retain=10, signing_key=KEY, sign_interval=3600,
+             secondaries=[backup])
+    for r in range(3):
+        app.put(f"k{r}", "v" * 700)
+        app.log.rotate()  # type: ignore[union-attr]
+    app.log.close()  # type: ignore[union-attr]
+    for url in (log_dir, backup):
+        status, out, js = verify(url, public_key)
+        assert status == 0 and "PROVEN" in out, (url, out)
+        proven = js["signed"]["proven"]
+        assert proven["kind"] == "seal" and proven["log"] == 4, (url, proven)
+    seals = [b.controls()[0] for s in tamper.load(backup) for b in s.batches if b.control_type() == "seal"]
+    assert len(seals) == 4 and all(seal["key"] == Signer(KEY).key_id for seal in seals)
+
+
 def test_without_a_signature_nothing_is_proven(log_dir: str, public_key: str) -> None:
     App({"a": 1}).open(log_dir).close()
     status, out, js = verify(log_dir, public_key)
