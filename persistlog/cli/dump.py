@@ -140,6 +140,8 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
     to_us = utc_micros(args.to_time) if args.to_time is not None else None
     first_log, first_segment = _start(dest, logs, seqs, from_lsn)
     damaged = ended = False
+    printed = 0
+    first_seen = last_seen = None  # the LSNs of the records read, for a note when none is printed
     for i, seq in enumerate(seqs[first_log:]):
         if ended:
             break
@@ -160,10 +162,17 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
                                      kind="control", commit_us=batch.header.commit_us, record=c)
                 continue
             if batch.first_lsn + batch.header.count <= from_lsn:
+                if batch.header.count:
+                    last_seen = batch.first_lsn + batch.header.count - 1
                 continue  # wholly before --from-lsn: no need to decode it
+            if batch.header.count:
+                if first_seen is None:
+                    first_seen = batch.first_lsn
+                last_seen = batch.first_lsn + batch.header.count - 1
             try:
                 for lsn, kind, record in batch.numbered_records(loads):
                     if from_lsn <= lsn and (to_lsn is None or lsn <= to_lsn):
+                        printed += 1
                         writer.write(lsn=lsn, log=seq, segment=batch.segment, offset=batch.offset,
                                      kind=kind, commit_us=batch.header.commit_us, record=record)
             except Damage as d:
@@ -179,4 +188,10 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
             t = st.torn
             error(f"note: log {seq} ends in a torn tail at {t.segment} offset {t.offset} ({t.length} bytes, dropped)")
     sys.stdout.flush()
+    bounded = any(v is not None for v in (args.from_lsn, args.from_time, args.to_lsn, args.to_time))
+    if bounded and not printed:
+        held = f"LSNs up to {last_seen}" if last_seen is not None else "no record there"
+        if first_seen is not None and last_seen is not None:
+            held = f"LSNs {first_seen}..{last_seen} were read"
+        error(f"note: no record within the bounds given ({held}); `persistlog info` shows what the logs hold")
     return EXIT_DAMAGED if damaged else EXIT_OK

@@ -46,3 +46,11 @@ def test_time_bounds_are_the_commit_times_of_batches(logdir: str) -> None:
 def test_contradicting_bounds_are_usage_errors(logdir: str, argv: list[str], message: str) -> None:
     run = cli("dump", logdir, *argv)
     assert run.status == 2 and message in run.err and run.out == ""
+
+
+@pytest.mark.parametrize("argv", [["--from-lsn", "999999999"], ["--from-time", "2999-01-01T00:00:00Z"]])
+def test_bounds_past_the_end_print_nothing_and_say_what_was_read(logdir: str, argv: list[str]) -> None:
+    last = records(logdir)[-1]["lsn"]
+    run = cli("dump", logdir, *argv)
+    assert run.status == 0 and run.out == ""
+    assert "no record within the bounds given" in run.err and f"{last}" in run.err
