@@ -172,6 +172,9 @@ class Follower:
         self._caught_up = threading.Event()
         # A batch a replay raised in: ((log, segment, offset), records of it replayed).
         self._partial: tuple[tuple[int, int, int], int] | None = None
+        # The last exception the app's own code raised (replay, replay_batch, on_reset):
+        # passed on as it is, never taken for a file that storage lost.
+        self._app_error: BaseException | None = None
         # Whether FollowedBatch.records are gathered: only for an app iterating the
         # follower, since holding a whole batch's records costs restore-like speed.
         self._keep_records = True
@@ -386,14 +389,19 @@ class Follower:
         poll) resumes after them."""
         self._partial = (where, before)
         if self._replay_batch is not None:
-            self._replay_batch(records)
+            try:
+                self._replay_batch(records)
+            except BaseException as e:
+                self._app_error = e
+                raise
         elif self._replay is not None:
             replay = self._replay
             i = 0
             try:
                 for i, r in enumerate(records):
                     replay(r)
-            except BaseException:
+            except BaseException as e:
+                self._app_error = e
                 self._partial = (where, before + i)
                 self.applied_records += i
                 raise
@@ -410,13 +418,13 @@ class Follower:
                     self._resume_inside_batch(self._cursor)
                 yield from self._tail()
         except FileNotFoundError as e:
-            if isinstance(e, PersistLogError):
+            if isinstance(e, PersistLogError) or e is self._app_error:
                 raise
             # What the cursor needs is gone: retention deleted its log, or it is ahead of
             # the log. (A segment missing in the middle of a log raises CorruptLogError.)
             yield from self._sync(self._why_gone(e))
         except OSError as e:
-            if isinstance(e, PersistLogError):
+            if isinstance(e, PersistLogError) or e is self._app_error:
                 raise
             raise DestinationError(f"reading {self.dest.url} failed: {e}") from e
 
@@ -466,7 +474,11 @@ class Follower:
             raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
         log.warning("follower of %s resets: %s", self.dest.url, why)
         self.resets += 1
-        self._on_reset()
+        try:
+            self._on_reset()
+        except BaseException as e:
+            self._app_error = e
+            raise
         self._cursor = None
         self._partial = None
         self._skip = None

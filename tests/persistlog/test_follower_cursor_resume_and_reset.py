@@ -233,3 +233,34 @@ def test_a_cursor_inside_a_batch_is_the_position_until_a_record_after_it_is_appl
     g.poll()
     g.stop()
     assert [r["value"] for r in got] == list(range(4, 10))
+
+
+@pytest.mark.parametrize("error", [FileNotFoundError("the app's own file"), PermissionError("the app's own")])
+@pytest.mark.parametrize("batch", [False, True], ids=["replay", "replay_batch"])
+def test_an_apps_own_os_error_in_replay_is_passed_on_never_taken_for_storage(
+    tmp_path: Any, error: OSError, batch: bool
+) -> None:
+    """An OSError the app's replay raises is the app's: poll() raises it as it is, with no
+    reset and no DestinationError, and the next poll resumes at the record it failed on."""
+    url = str(tmp_path / "log")
+    with persistlog.open(url, lambda emit: None) as lg:
+        for i in range(5):
+            lg.update({"op": "put", "key": f"k{i}", "value": i})
+    got: list[Any] = []
+    fail = [True]
+    resets: list[int] = []
+
+    def take(record: Any) -> None:
+        if record["key"] == "k2" and fail[0]:
+            fail[0] = False
+            raise error
+        got.append(record["key"])
+
+    options: dict[str, Any] = {"replay_batch": lambda rs: [take(r) for r in rs]} if batch else {"replay": take}
+    follower = persistlog.follow(url, on_reset=lambda: resets.append(1), **options)
+    with pytest.raises(type(error)) as info:
+        follower.poll()
+    assert info.value is error and not resets and follower.resets == 0
+    follower.poll()
+    assert not resets
+    assert got[-3:] == ["k2", "k3", "k4"] and got.count("k2") == 1
