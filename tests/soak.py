@@ -18,7 +18,8 @@ are asynchronous: they must hold a prefix, not every acknowledged update, and re
 must never fail. How far each secondary trailed its primary at each kill (LSNs and steps of
 the writer threads) is reported as percentiles.
 
-It stops by itself after ``--iterations`` or ``--seconds`` and prints the figures (and
+It stops by itself after ``--iterations`` or ``--seconds`` (or, with ``--min-acknowledged``,
+once that many updates were acknowledged, for twice ``--seconds`` at most) and prints the figures (and
 writes them as JSON with ``--json``). Exit status 1 if any acknowledged update was lost or
 any check failed.
 """
@@ -428,7 +429,15 @@ def supervise(args: argparse.Namespace) -> Figures:
                 raise SystemExit(f"unknown lanes {sorted(unknown_lanes)} for --destinations {args.destinations}")
             lanes = [lane for lane in lanes if lane.name in wanted]
         with open(os.path.join(root, "children.log"), "ab") as log_file:
-            while figures.iterations < args.iterations and time.monotonic() - started < args.seconds:
+            def more() -> bool:
+                # --seconds, then on (at most --seconds again) until --min-acknowledged: a
+                # busy machine slows the writers, and the run must still test something.
+                elapsed = time.monotonic() - started
+                if figures.iterations >= args.iterations or elapsed >= 2 * args.seconds:
+                    return False
+                return elapsed < args.seconds or figures.updates_acknowledged < args.min_acknowledged
+
+            while more():
                 lane = lanes[figures.iterations % len(lanes)]
                 account = run_iteration(lane, figures, rng, args.threads, log_file)
                 figures.iterations += 1
@@ -449,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--min-acknowledged", type=int, default=0,
+                        help="past --seconds, go on (for --seconds more at most) until this many updates were acknowledged")
     parser.add_argument("--destinations", default="local,s3", help="comma-separated: local, s3")
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--lanes", help="comma-separated lane names to run (default: all of the destinations')")

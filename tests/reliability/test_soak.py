@@ -24,10 +24,10 @@ def test_short_soak_loses_nothing(tmp_path: Path) -> None:
     pytest.importorskip("moto.server")
     out = tmp_path / "soak.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "soak.py"), "--iterations", "40", "--seconds", str(SECONDS),
+        [sys.executable, os.path.join(ROOT, "tests", "soak.py"), "--iterations", "60", "--seconds", str(SECONDS), "--min-acknowledged", "2000",
          "--destinations", "local,s3", "--seed", "20240601", "--json", str(out), "--quiet",
          "--workdir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=SECONDS + 240, cwd=ROOT,
+        capture_output=True, text=True, timeout=2 * SECONDS + 240, cwd=ROOT,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     figures = json.loads(out.read_text())
