@@ -69,6 +69,7 @@ class StoreOptions(TypedDict, total=False):
     handover_timeout: float
     on_handover: Callable[[], Any] | None
     hash_chain: bool
+    share_values: bool
     signing_key: Any
     sign_interval: float
     key_provider: Callable[[str], Any] | None
@@ -210,6 +211,7 @@ def open(
     handover_timeout: float = HANDOVER_TIMEOUT,
     on_handover: Callable[[], Any] | None = None,
     hash_chain: bool = True,
+    share_values: bool = True,
     signing_key: Any = None,
     sign_interval: float = SIGN_INTERVAL,
     key_provider: Callable[[str], Any] | None = None,
@@ -293,6 +295,10 @@ def open(
     ``hash_chain`` (default True) writes format version 2: every batch carries the SHA-256
     of the batch before it, across segments and logs, and each seal names the chain head
     (docs/SECURITY.md says what that proves); ``hash_chain=False`` writes version 1.
+    ``share_values`` (default True, chained logs) writes format version 3: a string or byte
+    string of 128 bytes or more that snapshot records repeat (one message queued for many
+    subscribers) is stored once per log and referenced after that; every reader gets the
+    records back as they were logged. ``share_values=False`` writes version 2.
     ``signing_key`` (an Ed25519 private key from the ``cryptography`` package, PEM bytes
     of one, or the path of a PEM file; ``pip install 'persistlog[audit]'``) signs the
     chain head in every seal and in a checkpoint written with the first batch
@@ -333,6 +339,7 @@ def open(
         flush_interval=flush_interval,
         compression=compression,
         keys=None if key_provider is None else Keyring(key_provider, key_id),
+        share_values=share_values,
     )
     codec = codec or Codec()
     check_depth(metadata, "metadata")

@@ -43,6 +43,7 @@ from ._batch_buffer import BatchBuffer, Taking
 from ._crypt import Keyring
 from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
 from ._group_commit import GroupCommit
+from ._shared_values import SharedValues
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 from ._signing import Checkpoints
 
@@ -74,7 +75,7 @@ class BatchWriter:
         "_sync_each", "_sw", "_seq", "_written_lsn", "_durable_lsn", "_failed", "_closed", "_handed_to",
         "_counts", "_log_update_records", "_complete_lsn", "_switching", "_secondaries", "_group",
         "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain_start", "_control",
-        "_checkpoints",
+        "_checkpoints", "_shared",
         "__weakref__",
     )
 
@@ -94,13 +95,16 @@ class BatchWriter:
         flush_interval: float,
         chain_head: bytes | None = None,
         checkpoints: Checkpoints | None = None,
+        share_values: bool = True,
     ) -> None:
         """A writer of ``buffer``'s records to ``dest``, which holds logs up to ``last_seq``.
         With ``sync_each`` every write waits for durability (``fsync`` mode, and ``flush``
         mode on an object store, where a batch reaches storage only with a PUT). ``job`` is
         the Log's background job, run ``flush_interval`` seconds after data gets pending.
         ``chain_head`` is where the hash chain of log ``last_seq`` ends (None: the logs
-        written are not chained); ``checkpoints`` signs it."""
+        written are not chained); ``checkpoints`` signs it. A chained log is written in
+        format version 3, whose snapshot records store a large value they repeat once
+        (unless not ``share_values``: version 2)."""
         self.io_lock = threading.RLock()
         self._dest = dest
         self._buffer = buffer
@@ -145,6 +149,9 @@ class BatchWriter:
         # the next write when an interruption cut it short.
         self._control: tuple[bytes, int] | None = None
         self._checkpoints = checkpoints or Checkpoints(None, 0.0)
+        # The values the current log shares (chained logs, format version 3), and the
+        # large values of the snapshot records staged: only under ``io_lock``.
+        self._shared = SharedValues() if chain_head is not None and share_values else None
 
     # -- state ----------------------------------------------------------------------------
 
@@ -272,7 +279,16 @@ class BatchWriter:
 
     def emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
-        lsn, full = self.staged(self._buffer.stage(record, True), True)
+        shared = self._shared
+        if shared is None:
+            staged = self._buffer.stage(record, True)
+        else:
+            # Staged and hinted with no batch framed in between (framing holds io_lock).
+            with self.io_lock:
+                staged = self._buffer.stage(record, True)
+                if not isinstance(staged, bytes):
+                    shared.hint(staged if isinstance(staged, int) else staged[0], (record,))
+        lsn, full = self.staged(staged, True)
         if full:
             self.commit(lsn, durable=False)
         elif not self.flush_armed:
@@ -301,7 +317,14 @@ class BatchWriter:
                 for record in chunk:
                     self.emit(record)
                 continue
-            staged = buffer.stage_many(len(chunk), body, snapshot=True)
+            shared = self._shared
+            if shared is None:
+                staged = buffer.stage_many(len(chunk), body, snapshot=True)
+            else:
+                with self.io_lock:
+                    staged = buffer.stage_many(len(chunk), body, snapshot=True)
+                    if staged is not None:
+                        shared.hint(staged[0] - len(chunk) + 1, chunk)
             if staged is None:
                 staged = self.append_encoded([buffer.encode(item) for item in chunk], snapshot=True)
             elif not self.flush_armed:
@@ -378,8 +401,10 @@ class BatchWriter:
 
     def _frame(self, taking: Taking) -> bytes:
         payload, snaps, first, end = taking
+        shared = self._shared
+        share = None if shared is None or not snaps else (lambda raw: shared.share(raw, first, end))
         return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._head,
-                                     self._keys)
+                                     self._keys, share)
 
     def _hand_over(self, flush: bool) -> None:
         """Give the detached batch to the segment writer (and the secondaries)."""
@@ -509,7 +534,8 @@ class BatchWriter:
             first = self._written_lsn
             header = {
                 "t": F.CONTROL_HEADER,
-                "v": F.FORMAT_VERSION if self._head is None else F.CHAINED_VERSION,
+                "v": (F.FORMAT_VERSION if self._head is None
+                      else F.CHAINED_VERSION if self._shared is None else F.SHARED_VERSION),
                 "seq": seq,
                 "first_lsn": first,
                 "writer": self._writer_id,
@@ -529,6 +555,8 @@ class BatchWriter:
                 raise LogFailedError(f"creating log {seq} at {self._dest.url} failed: {e}") from e
             self._sw = sw
             self._seq = seq
+            if self._shared is not None:
+                self._shared.reset()
             self._log_update_records = 0
             if old is not None:
                 self._seal(old, first, old_head)

@@ -18,6 +18,8 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import cbor2
+
 from . import _format as F
 
 #: The link of the first batch of a chain: a log with no chained log before it.
@@ -86,5 +88,11 @@ def link_of(batch: bytes) -> bytes | None:
 
 
 def segment_version(first_batch: bytes) -> int:
-    """The segment format version of a log whose first batch is ``first_batch``."""
-    return F.CHAINED_VERSION if link_of(first_batch) is not None else F.FORMAT_VERSION
+    """The segment format version of a log whose first batch is ``first_batch`` (its
+    header batch, written by this process): 1 unchained, else the header record's ``v``
+    (3 in a log whose batches may share values, 2 before)."""
+    if link_of(first_batch) is None:
+        return F.FORMAT_VERSION
+    header = cbor2.loads(bytes(first_batch[F.BATCH_HEADER_SIZE + F.LINK_SIZE:]))
+    version = header.get("v") if isinstance(header, dict) else None
+    return F.SHARED_VERSION if version == F.SHARED_VERSION else F.CHAINED_VERSION

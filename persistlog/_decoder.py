@@ -21,6 +21,7 @@ from ._errors import CodecError, KeyUnavailableError, MissingDependencyError
 
 if TYPE_CHECKING:
     from ._crypt import Keyring
+    from ._shared_values import ValueTable
 
 _crc32 = zlib.crc32
 
@@ -113,6 +114,8 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
     link = F.LINK_SIZE if flags & F.FLAG_LINKED else 0
     if stored < link:
         raise Damage(f"linked batch of {stored} stored bytes, shorter than its link", offset)
+    if flags & F.FLAG_SHARED and flags & F.KIND_MASK == F.KIND_CONTROL:
+        raise Damage("control batch with shared values (only record batches share values)", offset)
     if flags & F.FLAG_ENCRYPTED:
         if flags & F.KIND_MASK == F.KIND_CONTROL:
             raise Damage("encrypted control batch (control records are never encrypted)", offset)
@@ -125,14 +128,28 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
     return BatchHeader(stored, raw, count, flags, first_lsn, commit_us, pcrc)
 
 
-def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None = None) -> bytes:
-    """The raw payload, after its checksum, decryption (with ``keys``) and (bounded)
-    decompression (without the link a chained batch's stored bytes start with).
+def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None = None,
+                  values: ValueTable | None = None) -> bytes:
+    """The raw payload, after its checksum, decryption (with ``keys``), (bounded)
+    decompression (without the link a chained batch's stored bytes start with) and, in a
+    batch that shares values, their expansion from ``values`` (the log's values defined
+    before this batch, to which this batch's definitions are added).
 
     An encrypted batch without ``keys`` raises :class:`KeyUnavailableError`; with
-    ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans)."""
+    ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans), and so does a
+    batch that shares values."""
     if _crc32(stored) != header.payload_crc:
         raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
+    if header.flags & F.FLAG_SHARED:
+        from ._crypt import OPAQUE
+
+        if keys is OPAQUE:
+            return b""
+        return expand_shared(_payload(header, stored, offset, keys), values, offset)
+    return _payload(header, stored, offset, keys)
+
+
+def _payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None) -> bytes:
     if header.flags & F.FLAG_ENCRYPTED:
         plain = _decrypt(header, stored, offset, keys)
         if plain is None:
@@ -198,6 +215,92 @@ def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys:
         return None
     except ValueError as e:
         raise Damage(str(e), offset) from None
+
+
+def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
+    """The payload a shared-values stream (docs/FORMAT.md, "Shared values") stands for.
+
+    ``values`` holds what the log defined before this batch; this batch's definitions are
+    added to it only if the whole stream checks out. Every length is checked before it is
+    used: the expanded payload is at most ``MAX_BATCH_BYTES``, the log's values at most
+    ``SHARED_MAX_BYTES``."""
+    if values is None:
+        raise Damage("batch shares values but was read without its log's values", offset)
+    if len(raw) < 2 * F.U32.size:
+        raise Damage("shared-values stream shorter than its lengths", offset)
+    (expanded,) = F.U32.unpack_from(raw, 0)
+    (end,) = F.U32.unpack_from(raw, F.U32.size)
+    pos = 2 * F.U32.size
+    end += pos  # the tokens end here; the bytes they place follow
+    if end > len(raw):
+        raise Damage(f"shared-values tokens run past the stream ({end} of {len(raw)} bytes)", offset)
+    at = end  # the next byte a literal or a definition places
+    if expanded > F.MAX_BATCH_BYTES:
+        raise Damage(f"shared values expand to {expanded} bytes, past the {F.MAX_BATCH_BYTES}-byte limit", offset)
+    known = values.values
+    have = len(known)
+    new: list[bytes] = []
+    size = values.size
+    out: list[bytes] = []
+    total = 0
+    while pos < end:
+        b = raw[pos]
+        pos += 1
+        token = b & 0x7F
+        shift = 7
+        while b & 0x80:
+            if pos >= end or shift > 35:
+                raise Damage("shared-values token cut short or too long", offset)
+            b = raw[pos]
+            pos += 1
+            token |= (b & 0x7F) << shift
+            shift += 7
+        kind, n = token & 3, token >> 2
+        if kind == F.SHARED_REFERENCE:
+            if n < have:
+                piece = known[n]
+            elif n - have < len(new):
+                piece = new[n - have]
+            else:
+                raise Damage(f"reference to shared value {n}, of {have + len(new)} defined", offset)
+        elif kind == F.SHARED_LITERAL or kind == F.SHARED_DEFINE:
+            if kind == F.SHARED_DEFINE:
+                b = raw[pos] if pos < end else 0x80
+                pos += 1
+                number = b & 0x7F
+                shift = 7
+                while b & 0x80:
+                    if pos >= end or shift > 35:
+                        raise Damage("shared-values token cut short or too long", offset)
+                    b = raw[pos]
+                    pos += 1
+                    number |= (b & 0x7F) << shift
+                    shift += 7
+                if number != have + len(new):
+                    raise Damage(
+                        f"defines shared value {number} where the log holds {have + len(new)}: a definition "
+                        "before it is missing", offset,
+                    )
+            if n > len(raw) - at:
+                raise Damage(f"shared-values token of {n} bytes runs past the stream", offset)
+            piece = raw[at:at + n]
+            at += n
+            if kind == F.SHARED_DEFINE:
+                size += n
+                if size > F.SHARED_MAX_BYTES:
+                    raise Damage(f"shared values of the log pass the {F.SHARED_MAX_BYTES}-byte limit", offset)
+                new.append(piece)
+        else:
+            raise Damage(f"unknown shared-values token kind {kind}", offset)
+        total += len(piece)
+        if total > expanded:
+            raise Damage(f"shared values expand past the {expanded} bytes declared", offset)
+        out.append(piece)
+    if total != expanded or at != len(raw):
+        raise Damage(f"shared values expand to {total} bytes, {expanded} declared, placing {at - end} of "
+                     f"{len(raw) - end} bytes", offset)
+    values.add(new, size)
+    return b"".join(out)
 
 
 def _zstandard(offset: int) -> Any:

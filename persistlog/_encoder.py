@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cbor2
@@ -67,10 +67,12 @@ def frame(payload: bytes, count: int, kind: int, first_lsn: int, commit_us: int,
 
 def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn: int,
                  commit_us: int, compression: int = F.COMPRESSION_NONE, link: bytes | None = None,
-                 keys: Keyring | None = None) -> bytes:
+                 keys: Keyring | None = None, share: Callable[[bytes], bytes | None] | None = None) -> bytes:
     """A batch of app records already encoded as one CBOR sequence; ``snapshots`` lists
     the indexes of the records that came from an enumeration (the rest are updates).
-    With ``keys`` (an encrypted log) the payload is sealed; control batches never are."""
+    ``share`` (a log of version 3) turns the payload into a shared-values stream, or
+    returns None to leave it as it is; compression and sealing come after it. With
+    ``keys`` (an encrypted log) the payload is sealed; control batches never are."""
     if not snapshots:
         kind = F.KIND_UPDATE
     elif len(snapshots) == count:
@@ -80,6 +82,10 @@ def record_batch(payload: bytes, count: int, snapshots: Sequence[int], first_lsn
         for i in snapshots:
             bitmap[i >> 3] |= 1 << (i & 7)
         kind, payload = F.KIND_MIXED, cbor2.dumps(bytes(bitmap)) + payload
+    if share is not None:
+        stream = share(payload)
+        if stream is not None:
+            kind, payload = kind | F.FLAG_SHARED, stream
     return frame(payload, count, kind, first_lsn, commit_us, compression, link, keys)
 
 
@@ -91,12 +97,16 @@ def control_batch(records: Sequence[dict[str, Any]], next_lsn: int, commit_us: i
 
 
 def fence_segment(seq: int, segment: int, first_lsn: int, writer: str, commit_us: int,
-                  link: bytes | None = None) -> bytes:
+                  link: bytes | None = None, version: int | None = None) -> bytes:
     """A fence segment: segment ``segment`` of log ``seq``, starting at the LSN due
     ``first_lsn``, holding one control batch with one ``fence`` record and nothing else;
-    in a chained log (``link``: the log's chain head) a version 2 segment."""
+    in a chained log (``link``: the log's chain head) a segment of the log's ``version``
+    (2 when not given)."""
     record = {"t": F.CONTROL_FENCE, "writer": writer, "created": commit_us}
-    version = F.FORMAT_VERSION if link is None else F.CHAINED_VERSION
+    if link is None:
+        version = F.FORMAT_VERSION
+    elif version is None:
+        version = F.CHAINED_VERSION
     return segment_header(seq, segment, first_lsn, version) + control_batch([record], first_lsn, commit_us, link)
 
 

@@ -10,7 +10,10 @@ FORMAT_VERSION = 1
 # The segment format version of a chained log: its batches carry a hash link (FLAG_LINKED).
 # CURRENT, CLOSED and consumer files stay at version 1.
 CHAINED_VERSION = 2
-SEGMENT_VERSIONS = (FORMAT_VERSION, CHAINED_VERSION)
+# A chained log whose record batches may share values (FLAG_SHARED): a large string or byte
+# string repeated across records is stored once per log and referenced after that.
+SHARED_VERSION = 3
+SEGMENT_VERSIONS = (FORMAT_VERSION, CHAINED_VERSION, SHARED_VERSION)
 
 # Segment header: magic, version, header length, segment number, log seq, first LSN,
 # reserved, CRC-32 of everything before it.
@@ -75,7 +78,20 @@ LINK_SIZE = 32
 # The payload (after the link) is sealed with AES-256-GCM: a key id, a key check and a
 # nonce, then the ciphertext of the (possibly compressed) payload and its 16-byte tag.
 FLAG_ENCRYPTED = 0x0020
-KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED | FLAG_ENCRYPTED
+# The payload (after decryption and decompression) is a shared-values stream: literal
+# bytes, values defined for the rest of the log, references to them (version 3 only).
+FLAG_SHARED = 0x0040
+KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED | FLAG_ENCRYPTED | FLAG_SHARED
+# Shared-values stream: a u32 expanded length, then tokens, each an unsigned LEB128 varint
+# whose low two bits say what it is and whose other bits say how much.
+SHARED_LITERAL = 0  # n bytes follow, copied
+SHARED_DEFINE = 1  # n bytes follow, copied, and become the log's next value
+SHARED_REFERENCE = 2  # a copy of the log's value number n
+# A string or byte string is shared once its CBOR encoding (head included) is this long.
+SHARED_MIN_BYTES = 128
+# Bytes of values one log defines at most (what a reader of the log holds at most); past
+# it a writer defines no more values in that log, and a reader refuses the definition.
+SHARED_MAX_BYTES = 32 * 1024 * 1024
 # The clear batch header fields an encrypted payload is bound to (associated data): raw
 # length, count, flags, marker, first LSN, commit time (batch header bytes 4..31).
 BATCH_AAD = struct.Struct("<IIH2sQq")

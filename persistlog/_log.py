@@ -81,7 +81,8 @@ def destination_at(url: str | os.PathLike[str], storage_options: dict[str, Any] 
 class LogSettings:
     """Validated write options of one Log."""
 
-    __slots__ = ("durability", "batch_bytes", "segment_bytes", "flush_interval", "compression", "compression_name", "keys")
+    __slots__ = ("durability", "batch_bytes", "segment_bytes", "flush_interval", "compression", "compression_name", "keys",
+                 "share_values")
 
     def __init__(
         self,
@@ -92,6 +93,7 @@ class LogSettings:
         flush_interval: float | None,
         compression: str | None,
         keys: Keyring | None = None,
+        share_values: bool = True,
     ) -> None:
         if durability not in DURABILITY_MODES:
             raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
@@ -110,6 +112,8 @@ class LogSettings:
                 raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
         if batch_bytes > F.MAX_BATCH_BYTES // 2:
             raise ValueError(f"batch_bytes must be at most {F.MAX_BATCH_BYTES // 2}")
+        if not isinstance(share_values, bool):
+            raise TypeError(f"share_values must be True or False, not {share_values!r}")
         if flush_interval is not None and (not isinstance(flush_interval, (int, float)) or flush_interval <= 0):
             raise ValueError(f"flush_interval must be a positive number of seconds or None, not {flush_interval!r}")
         self.durability = durability
@@ -120,6 +124,8 @@ class LogSettings:
         self.compression_name = compression
         #: The keys record batches are sealed with (None: not encrypted).
         self.keys = keys
+        #: Whether a chained log stores a large value its snapshot records repeat once.
+        self.share_values = share_values
 
 
 class LogParts(NamedTuple):
@@ -230,6 +236,7 @@ class Log:
             flush_interval=settings.flush_interval or dest.default_flush_interval or LOCAL_FLUSH_INTERVAL,
             chain_head=chain_head,
             checkpoints=checkpoints,
+            share_values=settings.share_values,
         )
         # Renewed on time whether the Log writes or not, idle included: a lapsed lease
         # lets a second writer in while this one still writes.

@@ -37,6 +37,7 @@ from ._decoder import (
 )
 from ._encoder import seal_trailer
 from ._crypt import OPAQUE, Keyring
+from ._shared_values import ValueTable
 from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, MissingDependencyError
 
 log = logging.getLogger("persistlog")
@@ -159,6 +160,9 @@ class LogState:
     position: tuple[int, int] = (0, 0)
     # Format version 2: the log's batches carry hash links (docs/FORMAT.md, "Hash chain").
     chained: bool = False
+    # The format version of the log's segments (None: not read, the scan resumed inside a
+    # segment).
+    version: int | None = None
     # The link of the log's first batch (its header): the chain head of the log before it.
     first_link: bytes | None = None
     # The chain head where the scan stopped (the hash of the last batch that moves it):
@@ -496,6 +500,8 @@ class LogScanner:
         more_segments: bool = False,
         read_chunk: int = READ_CHUNK,
         keys: Keyring | None = None,
+        values: ValueTable | None = None,
+        stop_at: tuple[int, int] | None = None,
     ) -> None:
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
@@ -522,6 +528,17 @@ class LogScanner:
         # The keys of an encrypted log (None: a batch that is encrypted raises
         # KeyUnavailableError; ``_crypt.OPAQUE``: structure only, payloads stay shut).
         self.keys = keys
+        # The values the log shares (format version 3), defined before where the scan is:
+        # a scan that starts inside the log takes ``values`` if they reach its start, and
+        # otherwise reads the log from its start to there the first time it needs them.
+        if start is None or (start[0] == 0 and start[1] <= F.SEGMENT_HEADER_SIZE):
+            self.values = ValueTable((seq, 0, 0))
+        elif values is not None and values.reaches(seq, start[0], start[1]):
+            self.values = values
+        else:
+            self.values = ValueTable()
+        # A scan that stops before the batch at (segment, offset): priming a table.
+        self.stop_at = stop_at
         self.state = LogState(seq=seq, segments=segments)
 
     # -- errors -------------------------------------------------------------------------
@@ -555,6 +572,8 @@ class LogScanner:
         for index, (number, name) in enumerate(self.segments):
             if self.start is not None and number < self.start[0]:
                 continue
+            if self.stop_at is not None and number > self.stop_at[0]:
+                break
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
                 seg = SegmentBytes.open(self.dest, name, resume, self.read_chunk)
@@ -603,9 +622,11 @@ class LogScanner:
             if next_lsn is None:
                 next_lsn = sh.first_lsn
                 st.first_lsn = sh.first_lsn
-            if self._version is None:
-                self._version = sh.version
-                st.chained = sh.version == F.CHAINED_VERSION
+            if self._version is None or st.version is None:
+                if self._version is not None and (self._version >= F.CHAINED_VERSION) != (sh.version >= F.CHAINED_VERSION):
+                    self._corrupt(f"segment of format version {sh.version} in a log of version {self._version}", name, 0)
+                self._version = st.version = sh.version
+                st.chained = sh.version >= F.CHAINED_VERSION
             elif sh.version != self._version:
                 self._corrupt(f"segment of format version {sh.version} in a log of version {self._version}", name, 0)
             pos = F.SEGMENT_HEADER_SIZE
@@ -614,7 +635,10 @@ class LogScanner:
         st.next_lsn = next_lsn
         st.position = (number, pos)
         size = seg.size
+        values = self.values
         while pos < size:
+            if self.stop_at is not None and (number, pos) >= self.stop_at:
+                return
             end = size
             try:
                 head_bytes = seg.get(pos, F.BATCH_HEADER_SIZE)
@@ -627,7 +651,12 @@ class LogScanner:
                         torn_shape=True,
                     )
                 stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
-                raw = check_payload(header, stored, pos, self.keys)
+                if header.flags & F.FLAG_SHARED:
+                    if st.version is not None and st.version < F.SHARED_VERSION:
+                        raise Damage(f"batch shares values in a segment of format version {st.version}", pos)
+                    if values.at is None and self.keys is not OPAQUE:
+                        values = self._prime(number, pos)
+                raw = check_payload(header, stored, pos, self.keys, values)
                 if header.kind == F.KIND_CONTROL:
                     controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
                 else:
@@ -678,6 +707,8 @@ class LogScanner:
                 if kid not in st.key_ids:
                     st.key_ids.append(kid)
             batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
+            if values.at is not None:
+                values.at = (self.seq, number, end)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
             else:
@@ -697,6 +728,21 @@ class LogScanner:
                     self._corrupt("the fence batch is not the end of its segment", name, pos, size - pos)
                 st.position = (number, size)
                 return
+
+    def _prime(self, number: int, pos: int) -> ValueTable:
+        """The values the log defined before the batch at ``pos`` of segment ``number``,
+        read from the log's start (a scan that started inside the log meets a batch that
+        shares values): what reading by position costs in a log that shares values."""
+        segments = [(n, F.segment_name(self.seq, n)) for n in range(number + 1)]
+        primer = LogScanner(self.dest, self.seq, segments, recovery=self.recovery, more_segments=True,
+                            read_chunk=self.read_chunk, keys=self.keys, stop_at=(number, pos))
+        for _ in primer:
+            pass
+        if not primer.values.reaches(self.seq, number, pos):
+            raise Damage(f"the log's start does not reach this batch (read to {primer.state.position})", pos)
+        self.values = primer.values
+        self.values.at = (self.seq, number, pos)
+        return self.values
 
     def _check_link(
         self, header: BatchHeader, head_bytes: bytes, stored: bytes, controls: list[dict[str, Any]] | None,

@@ -133,7 +133,8 @@ def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
         number = segments[-1][0] + 1
         name = F.segment_name(seq, number)
         try:
-            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us(), st.chain_head))
+            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us(), st.chain_head,
+                                                     st.version))
         except FileExistsError:
             continue  # the other writer's segment landed first: fence after it
         log.info("fenced log %d at %s with %s: a writer before this one can add nothing to it", seq, dest.url, name)

@@ -1,0 +1,246 @@
+"""Values shared across the records of a log (format version 3; docs/FORMAT.md, "Shared
+values").
+
+A large string or byte string that several records of a log hold (the same message queued
+for a thousand subscribers) is stored once per log: the batch that first holds it *defines*
+it, and every later batch of the log refers to it by number. The sharing is a byte-level
+substitution below CBOR, so every record reads back exactly as it was logged and no reader
+above the decoder sees it.
+
+Writing: :class:`SharedValues` (a ``BatchWriter``'s part) keeps the values its current log
+defined and the *hints*: the large values of the snapshot records staged and not yet in a
+batch, in the order their encoding holds them. Framing a batch (:meth:`SharedValues.share`)
+finds each hinted value in the batch's payload and turns the payload into a shared-values
+stream. A hint that is missing or stale costs compression, never correctness: a reference
+replaces bytes only with the same bytes.
+
+Reading: :class:`ValueTable` holds what a log defined up to the position a scan reached
+(``LogScanner`` keeps one per log and primes it from the log's start when it starts in the
+middle; followers and readers hand it from one scan to the next). ``_decoder`` expands the
+stream.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from . import _format as F
+
+_MIN = F.SHARED_MIN_BYTES
+
+
+def _head(major: int, n: int) -> bytes:
+    """The CBOR head of a string of ``n`` bytes (``major`` 0x40 bytes, 0x60 text)."""
+    if n < 24:
+        return bytes((major | n,))
+    if n < 0x100:
+        return bytes((major | 24, n))
+    if n < 0x10000:
+        return bytes((major | 25, n >> 8, n & 0xFF))
+    if n < 0x100000000:
+        return bytes((major | 26,)) + n.to_bytes(4, "big")
+    return bytes((major | 27,)) + n.to_bytes(8, "big")
+
+
+class _Collector:
+    """Collects the CBOR encodings of the large strings and byte strings of records in the
+    order an encoder writes them (dict values in order, list and tuple items in order). One
+    value object met again (the same message queued for many subscribers) gives the same
+    bytes object again, whose hash is then already known."""
+
+    __slots__ = ("out", "seen")
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.seen: dict[int, bytes] = {}  # id of a value object alive during the walk -> its bytes
+
+    def walk(self, value: Any) -> None:
+        t = type(value)
+        if t is dict:
+            items = value.values()
+        elif t is list or t is tuple:
+            items = value
+        else:
+            if (t is str or t is bytes) and len(value) >= _MIN - 5:
+                self.leaf(value)
+            return
+        for v in items:
+            tv = type(v)
+            if tv is str or tv is bytes:
+                if len(v) >= _MIN - 5:
+                    enc = self.seen.get(id(v))
+                    if enc is None:
+                        self.leaf(v)
+                    else:
+                        self.out.append(enc)
+            elif tv is dict or tv is list or tv is tuple:
+                self.walk(v)
+
+    def leaf(self, v: str | bytes) -> None:
+        if type(v) is str:
+            body = v.encode("utf-8", "surrogatepass")
+            enc = _head(0x60, len(body)) + body
+        else:
+            enc = _head(0x40, len(v)) + v
+        if len(enc) >= _MIN:
+            self.seen[id(v)] = enc
+            self.out.append(enc)
+
+
+def large_values(records: Sequence[Any]) -> list[bytes]:
+    """The encodings of the large strings and byte strings in ``records``, in order."""
+    c = _Collector()
+    for r in records:
+        c.walk(r)
+    return c.out
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class SharedValues:
+    """The values a writer's current log defined, and the hints of the records buffered.
+
+    Owned by the ``BatchWriter``; every method runs under its ``io_lock`` (hints are given
+    while the records are staged under it, so that no batch is framed in between)."""
+
+    __slots__ = ("_values", "_ids", "_bytes", "_hints", "_mark")
+
+    def __init__(self) -> None:
+        self._values: list[bytes] = []
+        self._ids: dict[bytes, int] = {}
+        self._bytes = 0
+        #: (first LSN, large values of the records from there), in LSN order.
+        self._hints: deque[tuple[int, list[bytes]]] = deque()
+        #: (first LSN, values, bytes) before the batch framed last: a batch framed again
+        #: (its framing was interrupted) first takes back what the first attempt defined.
+        self._mark: tuple[int, int, int] | None = None
+
+    def reset(self) -> None:
+        """A new log: it starts with no value defined."""
+        self._values = []
+        self._ids = {}
+        self._bytes = 0
+        self._mark = None
+
+    def hint(self, lsn: int, records: Sequence[Any]) -> None:
+        """``records`` were staged at LSNs from ``lsn`` on."""
+        found = large_values(records)
+        if found:
+            self._hints.append((lsn, found))
+
+    @property
+    def defined(self) -> int:
+        """Values the current log defined so far."""
+        return len(self._values)
+
+    def share(self, payload: bytes, first: int, end: int) -> bytes | None:
+        """The shared-values stream of ``payload`` (the records at LSNs ``first`` up to
+        ``end``), or None when no value of it is shared."""
+        hints = self._hints
+        while hints and hints[0][0] < first:
+            hints.popleft()
+        found: list[bytes] = []
+        for lsn, values in hints:
+            if lsn >= end:
+                break
+            found.extend(values)
+        if not found:
+            return None
+        mark = self._mark
+        if mark is not None and mark[0] == first:
+            self._take_back(mark)
+        self._mark = (first, len(self._values), self._bytes)
+        values, ids = self._values, self._ids
+        tokens: list[bytes] = []
+        token = tokens.append
+        data: list[bytes] = []
+        put = data.append
+        cursor = 0
+        shared = False
+        find, starts = payload.find, payload.startswith
+        for enc in found:
+            # A short needle, then the whole value compared: much cheaper than a search
+            # for the whole value (a long needle costs its length to prepare).
+            key = enc[:16]
+            at = find(key, cursor)
+            while at >= 0 and not starts(enc, at):
+                at = find(key, at + 1)
+            if at < 0:
+                continue
+            number = ids.get(enc)
+            if number is None and self._bytes + len(enc) > F.SHARED_MAX_BYTES:
+                continue  # the log's table is full: written as it is
+            if at > cursor:
+                token(_varint((at - cursor) << 2 | F.SHARED_LITERAL))
+                put(payload[cursor:at])
+            if number is None:
+                values.append(enc)  # before the index: a take-back finds it in the list
+                ids[enc] = len(values) - 1
+                self._bytes += len(enc)
+                token(_varint(len(enc) << 2 | F.SHARED_DEFINE))
+                token(_varint(len(values) - 1))
+                put(enc)
+            else:
+                token(_varint(number << 2 | F.SHARED_REFERENCE))
+            shared = True
+            cursor = at + len(enc)
+        if not shared:
+            return None
+        if cursor < len(payload):
+            token(_varint((len(payload) - cursor) << 2 | F.SHARED_LITERAL))
+            put(payload[cursor:])
+        head = b"".join(tokens)
+        # Tokens apart from the bytes they place: each part compresses better alone.
+        return b"".join((F.U32.pack(len(payload)), F.U32.pack(len(head)), head, *data))
+
+    def _take_back(self, mark: tuple[int, int, int]) -> None:
+        _, count, size = mark
+        ids = self._ids
+        for enc in self._values[count:]:
+            ids.pop(enc, None)
+        del self._values[count:]
+        self._bytes = size
+
+
+class ValueTable:
+    """The values log ``at[0]`` defined before the position ``at`` (``(seq, segment,
+    offset)``: where the scan that filled it stopped; None while unused). A reader holds at
+    most ``SHARED_MAX_BYTES`` of values per log: a definition past it is damage."""
+
+    __slots__ = ("values", "size", "at")
+
+    def __init__(self, at: tuple[int, int, int] | None = None) -> None:
+        self.values: list[bytes] = []
+        self.size = 0
+        self.at = at
+
+    def reaches(self, seq: int, segment: int, offset: int) -> bool:
+        """Whether the table holds what log ``seq`` defined before that position: it
+        stopped there, or (a position at a segment's start) anywhere in the segment before
+        (a scan that read on from there defines each value under its number, so a table
+        that misses a definition reads as damage, never as other values)."""
+        at = self.at
+        if at is None or at[0] != seq:
+            return False
+        if offset <= F.SEGMENT_HEADER_SIZE:
+            return (at[1] == segment and at[2] <= F.SEGMENT_HEADER_SIZE) or at[1] == segment - 1
+        return at[1] == segment and at[2] == offset
+
+    def add(self, values: list[bytes], size: int) -> None:
+        """A batch defined ``values``: the log's values now take ``size`` bytes."""
+        self.values.extend(values)
+        self.size = size
+
+
+__all__ = ["SharedValues", "ValueTable", "large_values"]
