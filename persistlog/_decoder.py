@@ -137,15 +137,16 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
 
     An encrypted batch without ``keys`` raises :class:`KeyUnavailableError`; with
     ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans), and so does a
-    batch that shares values."""
+    batch that shares values read without ``values``."""
     if _crc32(stored) != header.payload_crc:
         raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
     if header.flags & F.FLAG_SHARED:
         from ._crypt import OPAQUE
 
-        if keys is OPAQUE:
+        raw = _payload(header, stored, offset, keys)
+        if keys is OPAQUE and (values is None or header.flags & F.FLAG_ENCRYPTED):
             return b""
-        return expand_shared(_payload(header, stored, offset, keys), values, offset)
+        return expand_shared(raw, values, offset)
     return _payload(header, stored, offset, keys)
 
 

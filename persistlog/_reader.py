@@ -651,12 +651,15 @@ class LogScanner:
                         torn_shape=True,
                     )
                 stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
-                if header.flags & F.FLAG_SHARED:
+                shared = header.flags & F.FLAG_SHARED
+                if shared:
                     if st.version is not None and st.version < F.SHARED_VERSION:
                         raise Damage(f"batch shares values in a segment of format version {st.version}", pos)
                     if values.at is None and self.keys is not OPAQUE:
                         values = self._prime(number, pos)
-                raw = check_payload(header, stored, pos, self.keys, values)
+                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None)
+                if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
+                    values.at = None  # its definitions stayed shut: the table ends here
                 if header.kind == F.KIND_CONTROL:
                     controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
                 else:

@@ -69,9 +69,9 @@ def test_segment_header_crc_mismatch_is_damage() -> None:
 
 
 def test_unknown_format_version_is_refused_naming_it() -> None:
-    body = F.SEGMENT_HEADER.pack(F.SEGMENT_MAGIC, 3, 40, 0, 1, 1, 0)
+    body = F.SEGMENT_HEADER.pack(F.SEGMENT_MAGIC, 4, 40, 0, 1, 1, 0)
     d = damage(_decoder.parse_segment_header, body + F.U32.pack(zlib.crc32(body)))
-    assert d.reason == "unknown format version 3 (this reader knows 1, 2)"
+    assert d.reason == "unknown format version 4 (this reader knows 1, 2, 3)"
 
 
 # -- batch header ---------------------------------------------------------------------------
@@ -132,8 +132,8 @@ def test_bad_batch_marker_is_damage() -> None:
 
 
 def test_unknown_flag_bit_is_refused() -> None:
-    batch = reframed(_encoder.frame(records(1), 1, F.KIND_UPDATE, 1, T), flags=0x0040)
-    assert damage(_decoder.parse_batch_header, batch, AT).reason == "unknown batch flags 0x0040"
+    batch = reframed(_encoder.frame(records(1), 1, F.KIND_UPDATE, 1, T), flags=0x0080)
+    assert damage(_decoder.parse_batch_header, batch, AT).reason == "unknown batch flags 0x0080"
 
 
 def test_uncompressed_batch_whose_lengths_differ_is_damage() -> None:
