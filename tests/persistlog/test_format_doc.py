@@ -15,6 +15,7 @@ import pytest
 
 from persistlog import _decoder, _encoder
 from persistlog import _format as F
+from persistlog._shared_values import SharedValues, ValueTable
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
 
@@ -96,7 +97,8 @@ def test_flags() -> None:
     assert "0 none, 1 zlib stream" in flags and "2 zstd frame" in flags
     assert (F.COMPRESSION_NONE, F.COMPRESSION_GZIP, F.COMPRESSION_ZSTD) == (0, 1 << 2, 2 << 2)
     assert F.COMPRESSION_MASK == 0b1100 and "| 2-3   | compression" in flags
-    assert "| 6-15  | reserved" in flags and F.KNOWN_FLAGS == 0x003F
+    assert "| 7-15  | reserved" in flags and F.KNOWN_FLAGS == 0x007F
+    assert "| 6     | shared" in flags and F.FLAG_SHARED == 1 << 6
     assert "| 4     | link" in flags and F.FLAG_LINKED == 1 << 4
     assert "| 5     | encrypted" in flags and F.FLAG_ENCRYPTED == 1 << 5
 
@@ -164,9 +166,10 @@ def test_a_consumer_position_is_what_the_table_says() -> None:
 
 def test_version_and_first_numbers() -> None:
     assert f"format version, u16 = {F.FORMAT_VERSION}" in section("Segment header")
-    assert f"# persistlog format, versions {F.FORMAT_VERSION} and {F.CHAINED_VERSION}" in DOC
-    assert f"or {F.CHAINED_VERSION} in a chained log" in section("Segment header")
-    assert F.SEGMENT_VERSIONS == (1, 2) and F.LINK_SIZE == 32
+    assert f"# persistlog format, versions {F.FORMAT_VERSION}, {F.CHAINED_VERSION} and {F.SHARED_VERSION}" in DOC
+    assert f"or {F.CHAINED_VERSION} in a chained log, or {F.SHARED_VERSION} in a chained log that shares values" in (
+        section("Segment header"))
+    assert F.SEGMENT_VERSIONS == (1, 2, 3) and F.LINK_SIZE == 32
     assert F.FIRST_LSN == 1 and "LSNs start at 1" in DOC
     assert F.FIRST_SEQ == 1 and "Seqs start at 1" in DOC
 
@@ -228,3 +231,29 @@ def test_a_handover_request_is_what_the_section_shows() -> None:
     for broken in (b"", b"{}", b"[1]", json.dumps({**shown, "to": 3}).encode(), b" " * (F.HANDOVER_MAX_BYTES + 1)):
         assert parse_handover_request(broken) is None
 
+
+
+def test_shared_values_stream_as_documented() -> None:
+    """The layout, token kinds and limits of "Shared values", and its worked example
+    byte for byte: the writer's stream for two records holding one 300-byte string."""
+    text = section("Shared values")
+    assert [r[:2] for r in table_rows(text)] == [(0, 4), (4, 4)]  # then the t tokens and the data
+    assert "expanded length e, u32 (at most 64 MiB)" in text and "tokens length t, u32" in text
+    assert "| 0    | literal" in text and F.SHARED_LITERAL == 0
+    assert "| 1    | define" in text and F.SHARED_DEFINE == 1
+    assert "| 2    | reference" in text and F.SHARED_REFERENCE == 2
+    assert F.SHARED_MAX_BYTES == 32 * 1024 * 1024 and "at most 32 MiB of values" in text
+    assert F.SHARED_MIN_BYTES == 128 and "128 bytes or more" in text
+    x = bytes(range(256)) + bytes(44)
+    record = {"p": x}
+    payload = cbor2.dumps(record) * 2
+    shared = SharedValues()
+    shared.hint(1, [record, record])
+    stream = shared.share(payload, 1, 3)
+    assert stream is not None
+    example = text[text.index("```\noffset  bytes"):].splitlines()
+    head = b"".join(bytes.fromhex(line[8:34]) for line in example[2:8])
+    assert stream[:len(head)] == head
+    assert stream[len(head):] == bytes.fromhex("A16170 59012C") + x + bytes.fromhex("A16170")
+    assert (len(stream), len(payload)) == (323, 612) and "323 bytes in place of 612" in text
+    assert _decoder.expand_shared(stream, ValueTable((1, 0, 0)), 0) == payload
