@@ -49,6 +49,7 @@ from ._reader import (
 )
 from ._restore import gc_pause, gone_since, plan, scan_from
 from ._resume import records_to_skip
+from ._shared_values import ValueTable
 
 log = logging.getLogger("persistlog")
 
@@ -156,6 +157,9 @@ class Follower:
         # that starts at one of them checks its first link against it, so the hash chain
         # is checked across segments, logs and polls (a position not in it: taken as given).
         self._heads: dict[tuple[int, int, int], bytes] = {}
+        # The values the log being read shares, defined up to where the last scan stopped
+        # (format version 3): the next scan starts from them instead of the log's start.
+        self._values: ValueTable | None = None
         # Whether the cursor stands at the end of its segment as last seen. Object-store
         # segments never grow, so once read to the end only a listing is needed; a cursor
         # handed in (or left mid-segment by a stopped iteration) is checked with a size.
@@ -609,12 +613,14 @@ class Follower:
             tail_ok=not final and self.dest.appendable,
             more_segments=more_segments,
             keys=self._keys,
+            values=self._values,
         )
         for batch in scanner:
             st = scanner.state
             next_lsn = st.next_lsn if st.next_lsn is not None else cur.next_lsn
             after = Cursor(cur.log, cur.segment, batch.end, next_lsn)
             self._note_head(after, st)
+            self._values = scanner.values
             if next_lsn - 1 > self._seen_lsn:
                 self._seen_lsn = next_lsn - 1
                 self._seen_commit_us = batch.header.commit_us
@@ -625,6 +631,7 @@ class Follower:
                 continue
             yield self._apply(batch, next_lsn, after)
         st = scanner.state
+        self._values = scanner.values
         self._sealed = self._sealed or st.sealed
         self._cursor = Cursor(cur.log, st.position[0], st.position[1], st.next_lsn or cur.next_lsn)
         self._note_head(self._cursor, st)

@@ -21,6 +21,7 @@ from destinations import Destination
 
 from . import _format as F
 from ._decoder import Damage, check_payload, parse_batch_header, parse_segment_header
+from ._shared_values import ValueTable
 from ._errors import CorruptLogError, DestinationError
 from ._crypt import Keyring
 from ._reader import Batch, LogScanner, list_logs
@@ -49,7 +50,7 @@ class RecordReader:
     Not thread-safe: its owner serialises calls.
     """
 
-    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns", "_keys")
+    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns", "_keys", "_values")
 
     def __init__(
         self,
@@ -61,6 +62,8 @@ class RecordReader:
     ) -> None:
         self.dest = dest
         self._keys = keys  # an encrypted log's (None: a sealed batch raises KeyUnavailableError)
+        # The values a log shares (format version 3) up to where the last read stopped.
+        self._values: ValueTable | None = None
         self._loads = loads
         self._written = written
         self._chunk = read_chunk
@@ -135,10 +138,16 @@ class RecordReader:
                 base, buf, lo = offset, self._read(name, offset, max(header.size, self._chunk)), 0
                 if len(buf) < header.size:
                     return None
+            values = self._values
+            if values is not None and not values.reaches(seq, segment, offset):
+                values = None  # a batch that shares values is read by a scan, which primes
             try:
-                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys)
+                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys,
+                                    values)
             except Damage:
                 return None
+            if values is not None:
+                values.at = (seq, segment, offset + header.size)
             end, after = offset + header.size, first + header.count
             if after <= lsn:
                 offset, first = end, after
@@ -171,9 +180,10 @@ class RecordReader:
                 return None
             scanner = LogScanner(
                 self.dest, seq, segments, start=(segment, offset, first if offset else None), tail_ok=True,
-                read_chunk=self._chunk, keys=self._keys,
+                read_chunk=self._chunk, keys=self._keys, values=self._values,
             )
             for batch in scanner:
+                self._values = scanner.values
                 if batch.is_control:
                     continue
                 count = batch.header.count

@@ -44,17 +44,23 @@ def _head(major: int, n: int) -> bytes:
     return bytes((major | 27,)) + n.to_bytes(8, "big")
 
 
+#: A hint: the first bytes of a large value's CBOR item (head included) and its length.
+Hint = tuple[bytes, int]
+_KEY = 16
+
+
 class _Collector:
-    """Collects the CBOR encodings of the large strings and byte strings of records in the
-    order an encoder writes them (dict values in order, list and tuple items in order). One
-    value object met again (the same message queued for many subscribers) gives the same
-    bytes object again, whose hash is then already known."""
+    """Collects a hint for each large string and byte string of records, in the order an
+    encoder writes them (dict values in order, list and tuple items in order). A hint holds
+    no copy of the value: framing finds the value in the batch by its first bytes and
+    takes it from there. One value object met again (the same message queued for many
+    subscribers) gives the same hint again."""
 
     __slots__ = ("out", "seen")
 
     def __init__(self) -> None:
-        self.out: list[bytes] = []
-        self.seen: dict[int, bytes] = {}  # id of a value object alive during the walk -> its bytes
+        self.out: list[Hint] = []
+        self.seen: dict[int, Hint] = {}  # id of a value object alive during the walk -> its hint
 
     def walk(self, value: Any) -> None:
         t = type(value)
@@ -70,27 +76,32 @@ class _Collector:
             tv = type(v)
             if tv is str or tv is bytes:
                 if len(v) >= _MIN - 5:
-                    enc = self.seen.get(id(v))
-                    if enc is None:
+                    hint = self.seen.get(id(v))
+                    if hint is None:
                         self.leaf(v)
                     else:
-                        self.out.append(enc)
+                        self.out.append(hint)
             elif tv is dict or tv is list or tv is tuple:
                 self.walk(v)
 
     def leaf(self, v: str | bytes) -> None:
         if type(v) is str:
-            body = v.encode("utf-8", "surrogatepass")
-            enc = _head(0x60, len(body)) + body
+            n = len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
+            head = _head(0x60, n)
+            start = v[:_KEY].encode("utf-8", "surrogatepass")
         else:
-            enc = _head(0x40, len(v)) + v
-        if len(enc) >= _MIN:
-            self.seen[id(v)] = enc
-            self.out.append(enc)
+            n = len(v)
+            head = _head(0x40, n)
+            start = v[:_KEY]
+        size = len(head) + n
+        if size >= _MIN:
+            hint = ((head + start)[:_KEY], size)
+            self.seen[id(v)] = hint
+            self.out.append(hint)
 
 
-def large_values(records: Sequence[Any]) -> list[bytes]:
-    """The encodings of the large strings and byte strings in ``records``, in order."""
+def large_values(records: Sequence[Any]) -> list[Hint]:
+    """Hints of the large strings and byte strings in ``records``, in order."""
     c = _Collector()
     for r in records:
         c.walk(r)
@@ -120,8 +131,8 @@ class SharedValues:
         self._values: list[bytes] = []
         self._ids: dict[bytes, int] = {}
         self._bytes = 0
-        #: (first LSN, large values of the records from there), in LSN order.
-        self._hints: deque[tuple[int, list[bytes]]] = deque()
+        #: (first LSN, hints of the records from there), in LSN order.
+        self._hints: deque[tuple[int, list[Hint]]] = deque()
         #: (first LSN, values, bytes) before the batch framed last: a batch framed again
         #: (its framing was interrupted) first takes back what the first attempt defined.
         self._mark: tuple[int, int, int] | None = None
@@ -150,11 +161,11 @@ class SharedValues:
         hints = self._hints
         while hints and hints[0][0] < first:
             hints.popleft()
-        found: list[bytes] = []
-        for lsn, values in hints:
+        found: list[Hint] = []
+        for lsn, hinted in hints:
             if lsn >= end:
                 break
-            found.extend(values)
+            found.extend(hinted)
         if not found:
             return None
         mark = self._mark
@@ -168,18 +179,16 @@ class SharedValues:
         put = data.append
         cursor = 0
         shared = False
-        find, starts = payload.find, payload.startswith
-        for enc in found:
-            # A short needle, then the whole value compared: much cheaper than a search
-            # for the whole value (a long needle costs its length to prepare).
-            key = enc[:16]
+        find = payload.find
+        for key, size in found:
+            # Where the value's first bytes are; the bytes there, as long as the value, are
+            # shared whatever they are (a reference stands for bytes equal to them).
             at = find(key, cursor)
-            while at >= 0 and not starts(enc, at):
-                at = find(key, at + 1)
-            if at < 0:
+            if at < 0 or at + size > len(payload):
                 continue
+            enc = payload[at:at + size]
             number = ids.get(enc)
-            if number is None and self._bytes + len(enc) > F.SHARED_MAX_BYTES:
+            if number is None and self._bytes + size > F.SHARED_MAX_BYTES:
                 continue  # the log's table is full: written as it is
             if at > cursor:
                 token(_varint((at - cursor) << 2 | F.SHARED_LITERAL))
@@ -187,14 +196,14 @@ class SharedValues:
             if number is None:
                 values.append(enc)  # before the index: a take-back finds it in the list
                 ids[enc] = len(values) - 1
-                self._bytes += len(enc)
-                token(_varint(len(enc) << 2 | F.SHARED_DEFINE))
+                self._bytes += size
+                token(_varint(size << 2 | F.SHARED_DEFINE))
                 token(_varint(len(values) - 1))
                 put(enc)
             else:
                 token(_varint(number << 2 | F.SHARED_REFERENCE))
             shared = True
-            cursor = at + len(enc)
+            cursor = at + size
         if not shared:
             return None
         if cursor < len(payload):
@@ -243,4 +252,4 @@ class ValueTable:
         self.size = size
 
 
-__all__ = ["SharedValues", "ValueTable", "large_values"]
+__all__ = ["Hint", "SharedValues", "ValueTable", "large_values"]
