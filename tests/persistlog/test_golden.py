@@ -1,5 +1,5 @@
-"""Old logs stay readable (docs/DESIGN.md invariant 7): golden files of format versions 1
-and 2 (the hash chain).
+"""Old logs stay readable (docs/DESIGN.md invariant 7): golden files of format versions 1,
+2 (the hash chain) and 3 (shared values).
 
 ``tests/golden/v<N>/<case>.plog/`` is a destination directory written once by the real writer
 (the generators below) and committed; ``<case>.json`` beside it is what the reader found in
@@ -141,6 +141,8 @@ def decode_view(path: str, codec: persistlog.Codec | None = None, version: int =
                 entry["link"] = batch.link.hex()
             if h.flags & F.FLAG_ENCRYPTED:
                 entry["key_id"] = key_id_of(path, segments[batch.segment][1], batch.offset, h.linked)
+            if h.flags & F.FLAG_SHARED:
+                entry["shared"] = True
             if batch.is_control:
                 entry["controls"] = render(batch.controls)
             else:
@@ -327,6 +329,29 @@ def gen_encrypted(url: str) -> None:
     lg.close()
 
 
+def _shared(url: str, **options: Any) -> None:
+    """Snapshot records repeating a byte string and a text string of more than 128 bytes
+    (and one just under), then an update holding them (not shared), a rotation (values
+    start again in log 2)."""
+    body = b"telemetry: " + bytes(range(200))
+    text = "message to every subscriber " * 6
+    small = "s" * 120
+    app = App({f"sub{i}": {"queue": [body, text, small, body]} for i in range(4)})
+    lg = app.open(url, durability="fsync", retain=2, **options)
+    app.put("sub9", {"queue": [body, text]})
+    assert lg.rotate() == 2
+    app.put("sub10", text)
+    lg.close()
+
+
+def gen_shared(url: str) -> None:
+    _shared(url, compression="gzip")
+
+
+def gen_shared_encrypted(url: str) -> None:
+    _shared(url, key_provider=crypt_keys.provider, key_id="2026-10")
+
+
 CASES: dict[str, tuple[Callable[[str], None], persistlog.Codec | None]] = {
     "basic": (gen_basic, None),
     "rotation": (gen_rotation, None),
@@ -338,12 +363,15 @@ CASES: dict[str, tuple[Callable[[str], None], persistlog.Codec | None]] = {
     "cbor_types": (gen_cbor_types, None),
     "upgrade": (gen_upgrade, None),
     "encrypted": (gen_encrypted, None),
+    "shared": (gen_shared, None),
+    "shared_encrypted": (gen_shared_encrypted, None),
 }
 #: The cases of each format version: version 1's were written before the hash chain (by
 #: the generators above, then writing version 1) and never change.
 VERSIONS: dict[int, list[str]] = {
     1: ["basic", "cbor_types", "codec", "gzip", "mixed", "rotation", "torn_tail", "zstd"],
     2: ["basic", "encrypted", "gzip", "mixed", "rotation", "torn_tail", "upgrade"],
+    3: ["shared", "shared_encrypted"],
 }
 
 
@@ -375,7 +403,7 @@ def golden(request: Any, tmp_path: Any) -> tuple[str, str, dict[str, Any]]:
     """``(case, a copy of its directory, its expectation)``."""
     version, case = request.param
     directory, expectation = case_paths(version, case)
-    if UPDATE and version == F.CHAINED_VERSION and not os.path.exists(directory):
+    if UPDATE and version == F.SHARED_VERSION and not os.path.exists(directory):
         regenerate(version, case, str(tmp_path / "gen"))
     assert os.path.isdir(directory) and os.path.isfile(expectation), (
         f"golden case {case} is missing; generate it once with PERSISTLOG_UPDATE_GOLDEN=1"
@@ -409,7 +437,7 @@ def test_golden_case_shapes(golden: tuple[str, str, dict[str, Any]]) -> None:
     result = expected["restore"]
     assert result["found"] and batches
     assert all(log["segments"][0].endswith("-0000000000.plog") for log in logs)
-    if expected["format_version"] == 2:
+    if expected["format_version"] >= 2:
         chained = [log for log in logs if "chain_head" in log]
         assert chained and all("link" in b for log in chained for b in log["batches"])
         for a, b in zip(logs, logs[1:]):  # each log's header links to the head before it
@@ -447,6 +475,13 @@ def test_golden_case_shapes(golden: tuple[str, str, dict[str, Any]]) -> None:
         assert records and all("key_id" in b for b in records)
         assert not any("key_id" in b for b in batches if b["kind"] == "control")
         assert {b["key_id"] for b in records} == {"2026-10", "2026-11"} and {"gzip", "none"} <= compressions
+    elif case in ("shared", "shared_encrypted"):
+        shared = [b for b in batches if b.get("shared")]
+        assert {log["seq"] for log in logs} == {1, 2} and shared
+        assert all(b["kind"] in ("snapshot", "mixed") for b in shared)
+        assert {b["first_lsn"] for b in shared} != {b["first_lsn"] for b in batches if b["kind"] == "update"}
+        if case == "shared_encrypted":
+            assert all("key_id" in b for b in shared)
     elif case == "cbor_types":
         rendered = json.dumps(result["records"])
         for marker in ("$datetime", "$decimal", "$uuid", "$set", "$bytes", "$int", "$tag", "$ip",
