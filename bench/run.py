@@ -26,6 +26,7 @@ import positions
 import queues
 import s3
 import shapes
+import shared_values
 import spark_stream
 from figures import Figure, info, save, table, vs_baseline
 from workload import Config, Scratch, scratch
@@ -50,6 +51,7 @@ GROUPS: dict[str, dict[str, Benchmark]] = {
     "many": many_logs.BENCHMARKS,
     "positions": positions.BENCHMARKS,
     "queues": queues.BENCHMARKS,
+    "shared": shared_values.BENCHMARKS,
     # Named spark.*: run with the other Spark benchmark (not in --quick unless --spark).
     "spark": spark_stream.BENCHMARKS,
 }

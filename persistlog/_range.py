@@ -100,7 +100,9 @@ def read(
     handed out, or :meth:`Cursor.at_lsn` ...), or None: the oldest record retained as a
     start, the end of what is written as a stop. The start is found from segment and
     batch headers without reading the records before it; then batches are read and
-    checked one by one, across segments and logs (memory: one batch). A start the logs
+    checked one by one, across segments and logs (memory: one batch, and the values a log
+    of format version 3 shares, at most 32 MiB; a start inside such a log reads the log
+    from its first segment once, when a batch read from there shares values). A start the logs
     do not hold (before the oldest record retention left, past the end) raises
     :class:`PositionError` (a ``ValueError``) naming what is there; a stop past the end
     reads to the end. Damage raises :class:`CorruptLogError`, a log that follows a gap
