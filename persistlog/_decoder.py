@@ -218,6 +218,20 @@ def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys:
         raise Damage(str(e), offset) from None
 
 
+def _leb128(raw: bytes, pos: int, end: int, offset: int) -> tuple[int, int]:
+    """The unsigned LEB128 number at ``raw[pos:end]`` (at most 5 bytes), and where it ends."""
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 28:
+            raise Damage("shared-values token cut short or too long", offset)
+        b = raw[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
 def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
     """The payload a shared-values stream (docs/FORMAT.md, "Shared values") stands for.
 
@@ -246,16 +260,10 @@ def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
     total = 0
     while pos < end:
         b = raw[pos]
-        pos += 1
-        token = b & 0x7F
-        shift = 7
-        while b & 0x80:
-            if pos >= end or shift > 35:
-                raise Damage("shared-values token cut short or too long", offset)
-            b = raw[pos]
-            pos += 1
-            token |= (b & 0x7F) << shift
-            shift += 7
+        if b < 0x80:  # the usual one-byte token
+            token, pos = b, pos + 1
+        else:
+            token, pos = _leb128(raw, pos, end, offset)
         kind, n = token & 3, token >> 2
         if kind == F.SHARED_REFERENCE:
             if n < have:
@@ -266,17 +274,7 @@ def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
                 raise Damage(f"reference to shared value {n}, of {have + len(new)} defined", offset)
         elif kind == F.SHARED_LITERAL or kind == F.SHARED_DEFINE:
             if kind == F.SHARED_DEFINE:
-                b = raw[pos] if pos < end else 0x80
-                pos += 1
-                number = b & 0x7F
-                shift = 7
-                while b & 0x80:
-                    if pos >= end or shift > 35:
-                        raise Damage("shared-values token cut short or too long", offset)
-                    b = raw[pos]
-                    pos += 1
-                    number |= (b & 0x7F) << shift
-                    shift += 7
+                number, pos = _leb128(raw, pos, end, offset)
                 if number != have + len(new):
                     raise Damage(
                         f"defines shared value {number} where the log holds {have + len(new)}: a definition "

@@ -85,14 +85,14 @@ class _Collector:
                 self.walk(v)
 
     def leaf(self, v: str | bytes) -> None:
-        if type(v) is str:
+        if isinstance(v, str):
             n = len(v) if v.isascii() else len(v.encode("utf-8", "surrogatepass"))
             head = _head(0x60, n)
             start = v[:_KEY].encode("utf-8", "surrogatepass")
         else:
             n = len(v)
             head = _head(0x40, n)
-            start = v[:_KEY]
+            start = bytes(v[:_KEY])
         size = len(head) + n
         if size >= _MIN:
             hint = ((head + start)[:_KEY], size)
