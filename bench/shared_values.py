@@ -149,7 +149,7 @@ def snapshot(cfg: Config, s: Scratch) -> list[Figure]:
     for shape in SHAPES if not cfg.quick else ("flat",):
         state = broker_state(shape)
         raw = sum(len(cbor2.dumps(v)) for v in state.values())
-        ref_path = os.path.join(s.fresh(f"shared-ref-{shape}"), "snapshot.gz")
+        ref_path = s.fresh(f"shared-ref-{shape}.gz")
         contenders: dict[str, Callable[[], tuple[float, float, int]]] = {
             f"{c}{'' if share else ' unshared'}": (
                 lambda c=c, share=share: close_rotating(s.fresh(f"shared-{shape}"), state, c, share)

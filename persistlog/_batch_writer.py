@@ -324,7 +324,7 @@ class BatchWriter:
                 with self.io_lock:
                     staged = buffer.stage_many(len(chunk), body, snapshot=True)
                     if staged is not None:
-                        shared.hint(staged[0] - len(chunk) + 1, chunk)
+                        shared.hint(staged[0] - len(chunk) + 1, chunk, body)
             if staged is None:
                 staged = self.append_encoded([buffer.encode(item) for item in chunk], snapshot=True)
             elif not self.flush_armed:

@@ -22,11 +22,18 @@ stream.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
+from itertools import compress
 from typing import Any
 
 from . import _format as F
+
+try:
+    from ._cbor_json import record_bounds as _record_bounds
+except ImportError:  # no C accelerator: every record is walked
+    _record_bounds = None
 
 _MIN = F.SHARED_MIN_BYTES
 
@@ -144,8 +151,18 @@ class SharedValues:
         self._bytes = 0
         self._mark = None
 
-    def hint(self, lsn: int, records: Sequence[Any]) -> None:
-        """``records`` were staged at LSNs from ``lsn`` on."""
+    def hint(self, lsn: int, records: Sequence[Any], body: bytes | memoryview | None = None) -> None:
+        """``records`` were staged at LSNs from ``lsn`` on (``body``: their encoding, back
+        to back, when at hand: only a record of 128 bytes or more can hold a large value,
+        so only those are walked)."""
+        if body is not None and _record_bounds is not None and len(records) > 1:
+            bounds = _record_bounds(body, len(records), 0, 1)
+            if bounds is not None:
+                offsets = bounds[1]
+                big = list(map(_MIN.__le__, map(operator.sub, offsets[1:], offsets)))
+                if not any(big):
+                    return
+                records = list(compress(records, big))
         found = large_values(records)
         if found:
             self._hints.append((lsn, found))
