@@ -36,6 +36,9 @@ except ImportError:  # no C accelerator: every record is walked
     _record_bounds = None
 
 _MIN = F.SHARED_MIN_BYTES
+#: Hint calls in a row without a large value after which only one in QUIET_STRIDE is looked at.
+QUIET_CALLS = 4
+QUIET_STRIDE = 16
 
 
 def _head(major: int, n: int) -> bytes:
@@ -132,7 +135,7 @@ class SharedValues:
     Owned by the ``BatchWriter``; every method runs under its ``io_lock`` (hints are given
     while the records are staged under it, so that no batch is framed in between)."""
 
-    __slots__ = ("_values", "_ids", "_bytes", "_hints", "_mark")
+    __slots__ = ("_values", "_ids", "_bytes", "_hints", "_mark", "_quiet", "_skip")
 
     def __init__(self) -> None:
         self._values: list[bytes] = []
@@ -143,6 +146,10 @@ class SharedValues:
         #: (first LSN, values, bytes) before the batch framed last: a batch framed again
         #: (its framing was interrupted) first takes back what the first attempt defined.
         self._mark: tuple[int, int, int] | None = None
+        # Calls in a row that found no large value, and calls left to pass over: records
+        # that hold none (most stores) cost a look at one call in QUIET_STRIDE.
+        self._quiet = 0
+        self._skip = 0
 
     def reset(self) -> None:
         """A new log: it starts with no value defined."""
@@ -154,18 +161,26 @@ class SharedValues:
     def hint(self, lsn: int, records: Sequence[Any], body: bytes | memoryview | None = None) -> None:
         """``records`` were staged at LSNs from ``lsn`` on (``body``: their encoding, back
         to back, when at hand: only a record of 128 bytes or more can hold a large value,
-        so only those are walked)."""
+        so only those are walked). After ``QUIET_CALLS`` calls in a row whose records hold
+        no large value, only one call in ``QUIET_STRIDE`` is looked at, until one does:
+        the records of the others are written as they are."""
+        if self._skip:
+            self._skip -= 1
+            return
         if body is not None and _record_bounds is not None and len(records) > 1:
             bounds = _record_bounds(body, len(records), 0, 1)
             if bounds is not None:
                 offsets = bounds[1]
                 big = list(map(_MIN.__le__, map(operator.sub, offsets[1:], offsets)))
-                if not any(big):
-                    return
-                records = list(compress(records, big))
+                records = list(compress(records, big)) if any(big) else []
         found = large_values(records)
         if found:
+            self._quiet = 0
             self._hints.append((lsn, found))
+        else:
+            self._quiet += 1
+            if self._quiet >= QUIET_CALLS:
+                self._skip = QUIET_STRIDE - 1
 
     @property
     def defined(self) -> int:

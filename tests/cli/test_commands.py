@@ -78,13 +78,13 @@ def test_info_describes_every_log(logdir: str) -> None:
     run = cli("info", logdir)
     assert run.status == 0, run.err
     assert "CURRENT      log 3" in run.out
-    assert "format       v2" in run.out
+    assert "format       v3" in run.out
     assert "sealed" in run.out and "no writer holds the lock" in run.out
 
     data = json.loads(cli("info", logdir, "--json").out)
     assert [lg["seq"] for lg in data["logs"]] == [1, 2, 3]
     assert all(lg["state"] == "sealed" for lg in data["logs"])
-    assert data["current"] == 3 and data["restore_from"] == 3 and data["format_versions"] == [2]
+    assert data["current"] == 3 and data["restore_from"] == 3 and data["format_versions"] == [3]
     assert all(len(bytes.fromhex(lg["chain_head"])) == 32 for lg in data["logs"])
     # The LSN chain runs through the logs without a gap.
     for a, b in zip(data["logs"], data["logs"][1:]):
