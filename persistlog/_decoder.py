@@ -241,17 +241,18 @@ def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
     ``SHARED_MAX_BYTES``."""
     if values is None:
         raise Damage("batch shares values but was read without its log's values", offset)
-    if len(raw) < 2 * F.U32.size:
+    if len(raw) < F.SHARED_HEADER.size:
         raise Damage("shared-values stream shorter than its lengths", offset)
-    (expanded,) = F.U32.unpack_from(raw, 0)
-    (end,) = F.U32.unpack_from(raw, F.U32.size)
-    pos = 2 * F.U32.size
-    end += pos  # the tokens end here; the bytes they place follow
-    if end > len(raw):
-        raise Damage(f"shared-values tokens run past the stream ({end} of {len(raw)} bytes)", offset)
-    at = end  # the next byte a literal or a definition places
+    expanded, n_tokens, n_literals = F.SHARED_HEADER.unpack_from(raw, 0)
     if expanded > F.MAX_BATCH_BYTES:
         raise Damage(f"shared values expand to {expanded} bytes, past the {F.MAX_BATCH_BYTES}-byte limit", offset)
+    pos = F.SHARED_HEADER.size
+    end = pos + n_tokens  # the tokens end here; the literal bytes follow, then the values'
+    lit = end  # the next literal byte
+    at = lit_end = end + n_literals  # the next byte of a value defined
+    if lit_end > len(raw):
+        raise Damage(f"shared-values tokens and literals run past the stream ({lit_end} of {len(raw)} bytes)",
+                     offset)
     known = values.values
     have = len(known)
     new: list[bytes] = []
@@ -272,32 +273,35 @@ def expand_shared(raw: bytes, values: ValueTable | None, offset: int) -> bytes:
                 piece = new[n - have]
             else:
                 raise Damage(f"reference to shared value {n}, of {have + len(new)} defined", offset)
-        elif kind == F.SHARED_LITERAL or kind == F.SHARED_DEFINE:
-            if kind == F.SHARED_DEFINE:
-                number, pos = _leb128(raw, pos, end, offset)
-                if number != have + len(new):
-                    raise Damage(
-                        f"defines shared value {number} where the log holds {have + len(new)}: a definition "
-                        "before it is missing", offset,
-                    )
+        elif kind == F.SHARED_LITERAL:
+            if n > lit_end - lit:
+                raise Damage(f"shared-values literal of {n} bytes runs past the literals", offset)
+            piece = raw[lit:lit + n]
+            lit += n
+        elif kind == F.SHARED_DEFINE:
+            number, pos = _leb128(raw, pos, end, offset)
+            if number != have + len(new):
+                raise Damage(
+                    f"defines shared value {number} where the log holds {have + len(new)}: a definition "
+                    "before it is missing", offset,
+                )
             if n > len(raw) - at:
-                raise Damage(f"shared-values token of {n} bytes runs past the stream", offset)
+                raise Damage(f"shared-values definition of {n} bytes runs past the stream", offset)
+            size += n
+            if size > F.SHARED_MAX_BYTES:
+                raise Damage(f"shared values of the log pass the {F.SHARED_MAX_BYTES}-byte limit", offset)
             piece = raw[at:at + n]
             at += n
-            if kind == F.SHARED_DEFINE:
-                size += n
-                if size > F.SHARED_MAX_BYTES:
-                    raise Damage(f"shared values of the log pass the {F.SHARED_MAX_BYTES}-byte limit", offset)
-                new.append(piece)
+            new.append(piece)
         else:
             raise Damage(f"unknown shared-values token kind {kind}", offset)
         total += len(piece)
         if total > expanded:
             raise Damage(f"shared values expand past the {expanded} bytes declared", offset)
         out.append(piece)
-    if total != expanded or at != len(raw):
-        raise Damage(f"shared values expand to {total} bytes, {expanded} declared, placing {at - end} of "
-                     f"{len(raw) - end} bytes", offset)
+    if total != expanded or lit != lit_end or at != len(raw):
+        raise Damage(f"shared values expand to {total} bytes, {expanded} declared, placing {lit - end} of "
+                     f"{n_literals} literal bytes and {at - lit_end} of {len(raw) - lit_end} value bytes", offset)
     values.add(new, size)
     return b"".join(out)
 

@@ -82,8 +82,10 @@ FLAG_ENCRYPTED = 0x0020
 # bytes, values defined for the rest of the log, references to them (version 3 only).
 FLAG_SHARED = 0x0040
 KNOWN_FLAGS = KIND_MASK | COMPRESSION_MASK | FLAG_LINKED | FLAG_ENCRYPTED | FLAG_SHARED
-# Shared-values stream: a u32 expanded length, then tokens, each an unsigned LEB128 varint
-# whose low two bits say what it is and whose other bits say how much.
+# Shared-values stream: expanded length, tokens length, literals length (u32 each), then
+# the tokens, each an unsigned LEB128 number whose low two bits say what it is and whose
+# other bits say how much, then the literal bytes, then the bytes of the values defined.
+SHARED_HEADER = struct.Struct("<III")
 SHARED_LITERAL = 0  # n bytes follow, copied
 SHARED_DEFINE = 1  # n bytes follow, copied, and become the log's next value
 SHARED_REFERENCE = 2  # a copy of the log's value number n

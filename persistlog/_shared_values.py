@@ -207,8 +207,9 @@ class SharedValues:
         values, ids = self._values, self._ids
         tokens: list[bytes] = []
         token = tokens.append
-        data: list[bytes] = []
-        put = data.append
+        literals: list[bytes] = []
+        put = literals.append
+        defined: list[bytes] = []
         cursor = 0
         shared = False
         find = payload.find
@@ -231,7 +232,7 @@ class SharedValues:
                 self._bytes += size
                 token(_varint(size << 2 | F.SHARED_DEFINE))
                 token(_varint(len(values) - 1))
-                put(enc)
+                defined.append(enc)
             else:
                 token(_varint(number << 2 | F.SHARED_REFERENCE))
             shared = True
@@ -242,8 +243,9 @@ class SharedValues:
             token(_varint((len(payload) - cursor) << 2 | F.SHARED_LITERAL))
             put(payload[cursor:])
         head = b"".join(tokens)
-        # Tokens apart from the bytes they place: each part compresses better alone.
-        return b"".join((F.U32.pack(len(payload)), F.U32.pack(len(head)), head, *data))
+        lit = b"".join(literals)
+        # Tokens, literal bytes and values apart: each part compresses better alone.
+        return b"".join((F.SHARED_HEADER.pack(len(payload), len(head), len(lit)), head, lit, *defined))
 
     def _take_back(self, mark: tuple[int, int, int]) -> None:
         _, count, size = mark

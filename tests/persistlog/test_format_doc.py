@@ -237,8 +237,9 @@ def test_shared_values_stream_as_documented() -> None:
     """The layout, token kinds and limits of "Shared values", and its worked example
     byte for byte: the writer's stream for two records holding one 300-byte string."""
     text = section("Shared values")
-    assert [r[:2] for r in table_rows(text)] == [(0, 4), (4, 4)]  # then the t tokens and the data
-    assert "expanded length e, u32 (at most 64 MiB)" in text and "tokens length t, u32" in text
+    assert [r[:2] for r in table_rows(text)] == [(0, 4), (4, 4), (8, 4)]  # then tokens, literals, values
+    assert "expanded length e, u32 (at most 64 MiB)" in text and "literals length l, u32" in text
+    assert F.SHARED_HEADER.size == 12
     assert "| 0    | literal" in text and F.SHARED_LITERAL == 0
     assert "| 1    | define" in text and F.SHARED_DEFINE == 1
     assert "| 2    | reference" in text and F.SHARED_REFERENCE == 2
@@ -252,8 +253,8 @@ def test_shared_values_stream_as_documented() -> None:
     stream = shared.share(payload, 1, 3)
     assert stream is not None
     example = text[text.index("```\noffset  bytes"):].splitlines()
-    head = b"".join(bytes.fromhex(line[8:34]) for line in example[2:8])
+    head = b"".join(bytes.fromhex(line[8:34]) for line in example[2:10])
     assert stream[:len(head)] == head
-    assert stream[len(head):] == bytes.fromhex("A16170 59012C") + x + bytes.fromhex("A16170")
-    assert (len(stream), len(payload)) == (323, 612) and "323 bytes in place of 612" in text
+    assert stream[len(head):] == bytes.fromhex("59012C") + x
+    assert (len(stream), len(payload)) == (327, 612) and "327 bytes in place of 612" in text
     assert _decoder.expand_shared(stream, ValueTable((1, 0, 0)), 0) == payload

@@ -187,11 +187,12 @@ def test_a_reference_before_its_definition_or_a_skipped_definition_is_damage() -
     ("cut", "reason"),
     [
         (lambda s: s[:6], "shorter than its lengths"),
-        (lambda s: s[:4] + F.U32.pack(len(s)) + s[8:], "tokens run past the stream"),
+        (lambda s: s[:4] + F.U32.pack(len(s)) + s[8:], "tokens and literals run past the stream"),
+        (lambda s: s[:8] + F.U32.pack(0) + s[12:], "literal of 47 bytes runs past the literals"),
         (lambda s: F.U32.pack(F.MAX_BATCH_BYTES + 1) + s[4:], "past the 67108864-byte limit"),
         (lambda s: F.U32.pack(len(s)) + s[4:], "declared"),
         (lambda s: s + b"x", "placing"),
-        (lambda s: s[:8] + bytes([s[8] | 3]) + s[9:], "unknown shared-values token kind 3"),
+        (lambda s: s[:12] + bytes([s[12] | 3]) + s[13:], "unknown shared-values token kind 3"),
         (lambda s: s[:-1], "runs past the stream"),
     ],
 )
