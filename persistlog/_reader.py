@@ -533,7 +533,7 @@ class LogScanner:
         # otherwise reads the log from its start to there the first time it needs them.
         if start is None or (start[0] == 0 and start[1] <= F.SEGMENT_HEADER_SIZE):
             self.values = ValueTable((seq, 0, 0))
-        elif values is not None and values.reaches(seq, start[0], start[1]):
+        elif values is not None and values.resume(seq, start[0], start[1]):
             self.values = values
         else:
             self.values = ValueTable()
@@ -657,9 +657,11 @@ class LogScanner:
                         raise Damage(f"batch shares values in a segment of format version {st.version}", pos)
                     if values.at is None and self.keys is not OPAQUE:
                         values = self._prime(number, pos)
+                if values.at is not None:
+                    values.reading(self.seq, number, pos)
                 raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None)
                 if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
-                    values.at = None  # its definitions stayed shut: the table ends here
+                    values.lost()  # its definitions stayed shut: the table ends here
                 if header.kind == F.KIND_CONTROL:
                     controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
                 else:
@@ -711,7 +713,7 @@ class LogScanner:
                     st.key_ids.append(kid)
             batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
             if values.at is not None:
-                values.at = (self.seq, number, end)
+                values.read_to(self.seq, number, end)
             if controls is not None:
                 self._apply_controls(controls, header, name, pos)
             else:
@@ -744,7 +746,7 @@ class LogScanner:
         if not primer.values.reaches(self.seq, number, pos):
             raise Damage(f"the log's start does not reach this batch (read to {primer.state.position})", pos)
         self.values = primer.values
-        self.values.at = (self.seq, number, pos)
+        self.values.read_to(self.seq, number, pos)
         return self.values
 
     def _check_link(

@@ -139,15 +139,17 @@ class RecordReader:
                 if len(buf) < header.size:
                     return None
             values = self._values
-            if values is not None and not values.reaches(seq, segment, offset):
+            if values is not None and not values.resume(seq, segment, offset):
                 values = None  # a batch that shares values is read by a scan, which primes
+            if values is not None:
+                values.reading(seq, segment, offset)
             try:
                 raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys,
                                     values)
             except Damage:
                 return None
             if values is not None:
-                values.at = (seq, segment, offset + header.size)
+                values.read_to(seq, segment, offset + header.size)
             end, after = offset + header.size, first + header.count
             if after <= lsn:
                 offset, first = end, after

@@ -261,12 +261,43 @@ class ValueTable:
     offset)``: where the scan that filled it stopped; None while unused). A reader holds at
     most ``SHARED_MAX_BYTES`` of values per log: a definition past it is damage."""
 
-    __slots__ = ("values", "size", "at")
+    __slots__ = ("values", "size", "at", "_before")
 
     def __init__(self, at: tuple[int, int, int] | None = None) -> None:
         self.values: list[bytes] = []
         self.size = 0
         self.at = at
+        # Where the last batch read started, and the values and bytes before it: a reader
+        # that reads that batch again (the record reader's cursor stays at a batch's start
+        # until its last record is read) takes its definitions back.
+        self._before: tuple[tuple[int, int, int], int, int] | None = None
+
+    def reading(self, seq: int, segment: int, offset: int) -> None:
+        """The batch at that position is read next (its definitions may be taken back)."""
+        self._before = ((seq, segment, offset), len(self.values), self.size)
+
+    def lost(self) -> None:
+        """A batch's definitions stayed shut (a structure-only scan): the table holds
+        nothing a later batch may refer to."""
+        self.at = None
+
+    def read_to(self, seq: int, segment: int, offset: int) -> None:
+        """The batch read last ends at that position."""
+        self.at = (seq, segment, offset)
+
+    def resume(self, seq: int, segment: int, offset: int) -> bool:
+        """Whether the table holds what log ``seq`` defined before that position, taking
+        back the definitions of the batch read last if it starts there."""
+        if self.reaches(seq, segment, offset):
+            return True
+        before = self._before
+        if before is None or before[0] != (seq, segment, offset) or self.at is None or self.at[0] != seq:
+            return False
+        _, count, size = before
+        del self.values[count:]
+        self.size = size
+        self.at = (seq, segment, offset)
+        return True
 
     def reaches(self, seq: int, segment: int, offset: int) -> bool:
         """Whether the table holds what log ``seq`` defined before that position: it

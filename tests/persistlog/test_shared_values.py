@@ -377,3 +377,35 @@ def test_sigkill_during_a_snapshot_that_shares_values_loses_no_acknowledged_upda
             store.close()
     dest = open_destination(url)
     assert any(b.header.flags & F.FLAG_SHARED for seq in list_logs(dest) for b in batches(url, seq))
+
+
+def test_the_record_reader_reads_many_records_of_one_shared_batch_without_reading_the_log_again(
+        tmp_path: Path) -> None:
+    """A queue's bodies read one after another from one batch that shares values: the
+    values are read from the log's start once, not once per body."""
+    body = b"the same message for everyone " * 20
+    url = tmp_path / "q"
+    with persistlog.Queue.open(url, segment_bytes=4096) as q:
+        for _ in range(200):
+            q.send(body)
+        q.rotate()
+        dest = q._reader.dest  # type: ignore[union-attr]
+        reads: list[tuple[str, int]] = []
+        original = dest.read
+
+        def counting(name: str, offset: int, length: int) -> bytes:
+            reads.append((name, offset))
+            return original(name, offset, length)
+
+        dest.read = counting
+        got = []
+        for _ in range(200):
+            m = q.receive()
+            assert m is not None
+            got.append(m.body)
+            assert q.ack(m.id)
+    assert got == [body] * 200
+    # A read from a segment's start (its header) is a scan's: the log's start read to know
+    # its values, or a new segment entered.
+    starts = [r for r in reads if r[1] == 0]
+    assert len(starts) <= 2 + len({n for n, _ in reads}), starts
