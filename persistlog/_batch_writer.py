@@ -280,7 +280,7 @@ class BatchWriter:
     def emit(self, record: Any) -> None:
         """Append a snapshot record (from the enumerate callback)."""
         shared = self._shared
-        if shared is None:
+        if shared is None or shared.passes_over():
             staged = self._buffer.stage(record, True)
         else:
             # Staged and hinted with no batch framed in between (framing holds io_lock).
@@ -318,7 +318,7 @@ class BatchWriter:
                     self.emit(record)
                 continue
             shared = self._shared
-            if shared is None:
+            if shared is None or shared.passes_over():
                 staged = buffer.stage_many(len(chunk), body, snapshot=True)
             else:
                 with self.io_lock:

@@ -38,7 +38,7 @@ except ImportError:  # no C accelerator: every record is walked
 _MIN = F.SHARED_MIN_BYTES
 #: Hint calls in a row without a large value after which only one in QUIET_STRIDE is looked at.
 QUIET_CALLS = 4
-QUIET_STRIDE = 16
+QUIET_STRIDE = 64
 
 
 def _head(major: int, n: int) -> bytes:
@@ -163,10 +163,7 @@ class SharedValues:
         to back, when at hand: only a record of 128 bytes or more can hold a large value,
         so only those are walked). After ``QUIET_CALLS`` calls in a row whose records hold
         no large value, only one call in ``QUIET_STRIDE`` is looked at, until one does:
-        the records of the others are written as they are."""
-        if self._skip:
-            self._skip -= 1
-            return
+        the records of the others are written as they are (:meth:`passes_over`)."""
         if body is not None and _record_bounds is not None and len(records) > 1:
             bounds = _record_bounds(body, len(records), 0, 1)
             if bounds is not None:
@@ -181,6 +178,14 @@ class SharedValues:
             self._quiet += 1
             if self._quiet >= QUIET_CALLS:
                 self._skip = QUIET_STRIDE - 1
+
+    def passes_over(self) -> bool:
+        """Whether the next records staged go without a hint (see :meth:`hint`); asked
+        before they are staged, so that they are staged as if nothing were shared."""
+        if self._skip:
+            self._skip -= 1
+            return True
+        return False
 
     @property
     def defined(self) -> int:
