@@ -8,11 +8,12 @@ substitution below CBOR, so every record reads back exactly as it was logged and
 above the decoder sees it.
 
 Writing: :class:`SharedValues` (a ``BatchWriter``'s part) keeps the values its current log
-defined and the *hints*: the large values of the snapshot records staged and not yet in a
-batch, in the order their encoding holds them. Framing a batch (:meth:`SharedValues.share`)
-finds each hinted value in the batch's payload and turns the payload into a shared-values
-stream. A hint that is missing or stale costs compression, never correctness: a reference
-replaces bytes only with the same bytes.
+defined and the *hints* of the snapshot records staged and not yet in a batch: for each
+large string, in the order their encoding holds them, its first bytes as CBOR and its
+length (no copy). Framing a batch (:meth:`SharedValues.share`) finds each hinted value in
+the batch's payload and turns the payload into a shared-values stream. A hint that is
+missing, stale or found at the wrong place costs compression, never correctness: a
+reference replaces bytes only with bytes equal to them.
 
 Reading: :class:`ValueTable` holds what a log defined up to the position a scan reached
 (``LogScanner`` keeps one per log and primes it from the log's start when it starts in the
