@@ -358,7 +358,8 @@ class Queue:
         destination: Callable[[], Destination],
     ) -> None:
         """Restore (positions by ordinal), then open the log: its first enumeration copies
-        every message into it, reading the bodies from the restored logs."""
+        every message into it, the send records the restore kept as they are, the rest
+        read back from the restored logs."""
         result = restore()
         self._rebuild(result)
         self._dest = destination()
@@ -377,6 +378,7 @@ class Queue:
         self._loads = lg.codec.loads
         self._reader = RecordReader(self._dest, self._loads, written=lg.sync, keys=self._keys)
         self._reader.seed(lg.seq, self._open_lsn)  # every message is in the log open() began
+        self._kept, self._kept_bytes = None, 0  # the open's enumeration took them (if it ran)
         self.restored = result
 
     def _rebuild(self, result: RestoreResult) -> None:
