@@ -22,7 +22,7 @@ from ._crypt import Keyring, keyring
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._log import Log, LogSettings, destination_at, release_writer_lock
-from ._reader import chain_end, end_after_seal, list_logs, log_header, newest_seal, read_pointer
+from ._reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
 from ._retention import Retention
 from ._rotation import EnumerateAll
@@ -394,8 +394,10 @@ def open(
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             seal = newest_seal(dest, logs)
-            last_seq, next_lsn = end_after_seal(dest, logs, seal)
-            chain_head = chain_end(dest, logs, seal) if hash_chain else None
+            if hash_chain:
+                last_seq, next_lsn, chain_head = end_and_chain(dest, logs, seal)
+            else:
+                (last_seq, next_lsn), chain_head = end_after_seal(dest, logs, seal), None
             after_snapshot = (
                 not discard_existing and not secondaries
                 and _fresh_snapshot(dest, logs, pointer, seal, restored, metadata)

@@ -60,6 +60,15 @@ log = logging.getLogger("persistlog")
 #: its new log, which overlap (4 threads open about 3x faster than 1 on a local disk).
 OPEN_THREADS = 4
 
+#: Bytes of message bodies a queue's restore keeps in memory for the open's enumeration,
+#: which then writes them into the new log without reading them back (the rest, past
+#: this, are read back by position): a restart reads each body once, not twice.
+KEEP_REPLAYED_BYTES = 4 * 1024 * 1024
+
+#: The codec of every queue opened without one: a queue's own records are plain values
+#: (ints, bytes, floats), and a Codec per log would cost some 2 KB per idle queue.
+_PLAIN = Codec()
+
 #: Options of :func:`persistlog.open` a Queue sets itself.
 _OWN_OPTIONS = {
     "replay": "the queue restores itself",
@@ -169,7 +178,7 @@ class Queue:
     __slots__ = (
         "max_messages", "max_bytes", "ttl", "visibility_timeout", "_clock", "_lock", "_entries", "_ready",
         "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads", "_keys",
-        "_replayed", "_ordinal", "_open_lsn", "_replay_start", "restored",
+        "_replayed", "_kept", "_kept_bytes", "_ordinal", "_open_lsn", "_replay_start", "restored",
     )
 
     def __init__(
@@ -201,14 +210,18 @@ class Queue:
         self._log: Log | None = None
         self._dest: Destination | None = None
         self._reader: RecordReader | None = None
-        # The open's enumeration decodes with the codec given (or a default one); after
-        # that the Log's, so that no queue keeps a Codec of its own.
+        # The open's enumeration decodes with the codec given (or the queues' shared
+        # one, _PLAIN); after that the Log's, so that no queue keeps a Codec of its own.
         self._loads: Callable[[bytes], Any] | None = None
         # The keys bodies are read back with, where the log is encrypted (key_provider=).
         self._keys: Keyring | None = None
         # Restoring: each replayed send by ordinal (its LSN once the restore says where
         # the replay started), and the LSN the open's first log starts at.
         self._replayed: dict[int, tuple[int, float | None, int]] | None = {}
+        # The send records the restore read, by id, while they fit in
+        # KEEP_REPLAYED_BYTES: the open's enumeration writes these as they are.
+        self._kept: dict[int, dict[str, Any]] | None = {}
+        self._kept_bytes = 0
         self._ordinal = 0
         self._open_lsn = 0
         # (seq, first LSN) of the first log the restore replayed, from its start: where
@@ -331,7 +344,9 @@ class Queue:
         if "durability" not in options and "durability" not in (defaults or {}):
             options["durability"] = "flush"
         codec = options.get("codec") or (defaults or {}).get("codec")
-        self._loads = (codec or Codec()).loads
+        if codec is None:
+            options["codec"] = codec = _PLAIN
+        self._loads = codec.loads
         provider = options.get("key_provider") or (defaults or {}).get("key_provider")
         self._keys = keyring(provider)
         return options
@@ -343,7 +358,8 @@ class Queue:
         destination: Callable[[], Destination],
     ) -> None:
         """Restore (positions by ordinal), then open the log: its first enumeration copies
-        every message into it, reading the bodies from the restored logs."""
+        every message into it, the send records the restore kept as they are, the rest
+        read back from the restored logs."""
         result = restore()
         self._rebuild(result)
         self._dest = destination()
@@ -362,6 +378,7 @@ class Queue:
         self._loads = lg.codec.loads
         self._reader = RecordReader(self._dest, self._loads, written=lg.sync, keys=self._keys)
         self._reader.seed(lg.seq, self._open_lsn)  # every message is in the log open() began
+        self._kept, self._kept_bytes = None, 0  # the open's enumeration took them (if it ran)
         self.restored = result
 
     def _rebuild(self, result: RestoreResult) -> None:
@@ -387,6 +404,8 @@ class Queue:
     def _apply_batch(self, records: list[Any]) -> None:
         replayed = self._replayed
         assert replayed is not None, "a queue replays only while it opens"
+        kept = self._kept
+        assert kept is not None
         for r in records:
             ordinal = self._ordinal
             self._ordinal = ordinal + 1
@@ -402,12 +421,23 @@ class Queue:
                     continue
                 exp = r.get("exp")
                 replayed[message_id] = (ordinal, float(exp) if isinstance(exp, (int, float)) else None, len(body))
+                self._unkeep(message_id)
+                if self._kept_bytes + len(body) <= KEEP_REPLAYED_BYTES:
+                    kept[message_id] = r
+                    self._kept_bytes += len(body)
                 if message_id >= self._next_id:
                     self._next_id = message_id + 1
             elif op == "ack":
                 replayed.pop(message_id, None)
+                self._unkeep(message_id)
             elif op == "next" and message_id > self._next_id:
                 self._next_id = message_id
+
+    def _unkeep(self, message_id: int) -> None:
+        assert self._kept is not None
+        record = self._kept.pop(message_id, None)
+        if record is not None:
+            self._kept_bytes -= len(record["body"])
 
     # -- the enumeration ----------------------------------------------------------------
 
@@ -419,9 +449,14 @@ class Queue:
         lsn = self._log.next_lsn if self._log is not None else self._open_lsn
         assert self._dest is not None and self._loads is not None
         reader = RecordReader(self._dest, self._loads, keys=self._keys)
-        if self._log is None and self._replay_start is not None:
-            reader.seed(*self._replay_start)  # every body is in the logs the restore read
-            self._replay_start = None
+        kept: dict[int, dict[str, Any]] = {}
+        if self._log is None:
+            # The open's: the records the restore kept go in as they are; the others
+            # are read back from the logs the restore read.
+            kept, self._kept, self._kept_bytes = self._kept or {}, None, 0
+            if self._replay_start is not None:
+                reader.seed(*self._replay_start)
+                self._replay_start = None
         emit({"op": "next", "id": self._next_id})
         lsn += 1
         now = self._clock()
@@ -429,7 +464,8 @@ class Queue:
             if entry.expires_at is not None and entry.expires_at <= now:
                 self._drop(entry)
                 continue
-            emit(self._record(reader, entry))
+            record = kept.get(entry.id)
+            emit(record if record is not None else self._record(reader, entry))
             entry.lsn = lsn
             lsn += 1
         if self._reader is not None:

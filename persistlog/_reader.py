@@ -952,10 +952,30 @@ def end_after_seal(
     return seq, next_lsn if next_lsn is not None else F.FIRST_LSN
 
 
-def chain_end(dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: dict[str, Any] | None) -> bytes:
+def end_and_chain(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: dict[str, Any] | None
+) -> tuple[int, int, bytes]:
+    """``(newest seq, next LSN, chain head)``: :func:`end_after_seal` and :func:`chain_end`
+    together, where a log left without its seal (a crash) needs a scan of its last segment
+    for both: one scan serves them."""
+    if not logs or seal is not None:
+        seq, next_lsn = end_after_seal(dest, logs, seal)
+        return seq, next_lsn, chain_end(dest, logs, seal)
+    seq = max(logs)
+    last = last_segment_state(dest, seq, logs[seq])
+    next_lsn = last.next_lsn if last.next_lsn is not None else F.FIRST_LSN
+    return seq, next_lsn, chain_end(dest, logs, None, last)
+
+
+def chain_end(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: dict[str, Any] | None,
+    last: LogState | None = None,
+) -> bytes:
     """The chain head the next log at ``dest`` links to (docs/FORMAT.md, "Hash chain"):
     where the newest log's chain ends, from its seal (what :func:`newest_seal` read) or a
-    scan of its last segments; the genesis link when there is no log or it is not chained."""
+    scan of its last segments (``last``: what :func:`last_segment_state` found in the
+    last one, if the caller scanned it); the genesis link when there is no log or it is
+    not chained."""
     from ._chain import GENESIS
 
     if not logs:
@@ -967,10 +987,13 @@ def chain_end(dest: Destination, logs: dict[int, list[tuple[int, str]]], seal: d
     segments = logs[seq]
     for i in range(len(segments) - 1, -1, -1):
         # A segment a writer rolled to may hold no batch yet: the head is in one before it.
-        scanner = LogScanner(dest, seq, segments[: i + 1], start=(segments[i][0], 0, None), keys=OPAQUE)
-        for _batch in scanner:
-            pass
-        st = scanner.state
+        if last is not None and i == len(segments) - 1:
+            st = last
+        else:
+            scanner = LogScanner(dest, seq, segments[: i + 1], start=(segments[i][0], 0, None), keys=OPAQUE)
+            for _batch in scanner:
+                pass
+            st = scanner.state
         if not st.chained:
             return GENESIS
         if st.chain_head is not None:

@@ -42,7 +42,7 @@ from . import _encoder
 from . import _format as F
 from ._chain import link_of
 from ._errors import WriterConflict
-from ._reader import chain_end, end_after_seal, header_record, list_logs, newest_seal
+from ._reader import end_and_chain, header_record, list_logs, newest_seal
 from ._restore import reach
 from ._retention import Retention, apply_retention
 from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
@@ -170,8 +170,8 @@ class Secondary:
                 fence_newest_log(self.dest, self.writer_id)
             logs = list_logs(self.dest)
             seal = newest_seal(self.dest, logs)
-            self._end = end_after_seal(self.dest, logs, seal)
-            self._end_head = chain_end(self.dest, logs, seal)
+            seq, next_lsn, self._end_head = end_and_chain(self.dest, logs, seal)
+            self._end = (seq, next_lsn)
         except Exception as e:  # unknown end: the next log declares a gap, which is always safe
             log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
             self._end = None
