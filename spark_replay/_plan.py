@@ -547,14 +547,15 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     over every core as a big log is.
     """
     logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
-    keys = list(logset.keys())
+    logs = list(logset.logs())
     single = replace(opts, log_set=False)
     root = open_destination(opts.url, **opts.storage_options)
     local = root.appendable
     root.close()
 
-    def listed(key: str) -> _Listed | None:
-        dest = open_destination(logset.url(key), **opts.storage_options)
+    def listed(key_url: tuple[str, str]) -> _Listed | None:
+        key, url = key_url
+        dest = open_destination(url, **opts.storage_options)
         try:
             listing = list_logs(dest)
             if not listing:
@@ -581,7 +582,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     # Thousands of small objects per thousand logs: the cyclic GC is paused meanwhile, as
     # during a replay (it would scan the driver's whole heap over and over).
     with gc_pause.during_replay(), _closing(found):
-        found.extend(item for item in _map_logs(listed, keys, local) if item is not None)
+        found.extend(item for item in _map_logs(listed, logs, local) if item is not None)
         if local:
             # Sizes are known: the share per task, and which logs a task surveys itself.
             target = split_bytes(sum(item.nbytes + LOG_COST_BYTES for item in found if item.nbytes), opts)
