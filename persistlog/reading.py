@@ -47,8 +47,8 @@ Positions and following
     a listing). ``persistlog.Cursor`` is a position.
 
 Records as text
-    ``to_json`` (the lossless rule of ``docs/JSON.md``), ``JsonRecords`` and
-    ``PlainRecords`` (the same, decoded in C), ``texts_from_cbor`` and
+    ``to_json`` (the lossless rule of ``docs/JSON.md``) and ``from_json`` (its inverse),
+    ``JsonRecords`` and ``PlainRecords`` (the same, decoded in C), ``texts_from_cbor`` and
     ``resource_texts_from_cbor`` (JSON text straight from CBOR bytes), ``key_text``.
 
 Keys of encrypted logs
@@ -104,7 +104,15 @@ from ._format import (
     parse_segment_name,
     segment_name,
 )
-from ._jsonify import JsonRecords, PlainRecords, key_text, resource_texts_from_cbor, texts_from_cbor, to_json
+from ._jsonify import (
+    JsonRecords,
+    PlainRecords,
+    from_json,
+    key_text,
+    resource_texts_from_cbor,
+    texts_from_cbor,
+    to_json,
+)
 from ._lock_holder import Holder
 from ._log_set import read_marker as read_log_set_marker
 from ._probe import SegmentProbe, next_segments
@@ -186,6 +194,7 @@ __all__ = [
     "control_records",
     "declares_gap",
     "first_lsn",
+    "from_json",
     "gap_closed",
     "gc_pause",
     "inspect_destination",
