@@ -63,9 +63,8 @@ Checking and repairing a destination
     ``inspect_destination`` and ``DestinationReport`` (what ``persistlog info`` and
     ``verify`` report: ``Problem``, ``SignedHead``, ``Progress``, ``Holder``), ``audit``,
     ``Audit`` and ``Verifier`` (signed chain heads checked with a public key, read by
-    ``load_public_key``), ``repair``,
-    ``RepairPlan`` and ``RepairResult`` (cutting a torn tail: the one call here that
-    writes).
+    ``load_public_key``), ``repair``, ``RepairPlan`` and ``RepairResult`` (cutting a torn
+    tail: the one call here that writes).
 
 Command lines
     ``parse_storage_options`` (``--storage-option KEY=VALUE`` words) and ``UsageError``.
