@@ -121,6 +121,36 @@ def cpu_timed(fn: Callable[[], Any]) -> float:
     return time.process_time() - start
 
 
+def tree_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every live process under it (a local
+    Spark's JVM and its Python workers), with what their finished children used once
+    reaped: read from ``/proc``, so Linux only. Work spread over other processes counts,
+    and unlike wall time it is not stretched by other processes' work on a shared machine."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # Fields after the command name (which may hold spaces): state, ppid, ...; utime,
+        # stime, cutime and cstime are fields 14-17 of the whole line.
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parent[int(entry)] = int(fields[1])
+        used[int(entry)] = sum(int(x) for x in fields[11:15])
+    mine = {os.getpid()}
+    grew = True
+    while grew:
+        below = {pid for pid, ppid in parent.items() if ppid in mine} - mine
+        mine |= below
+        grew = bool(below)
+    return sum(used[pid] for pid in mine if pid in used) / ticks
+
+
 def interleaved(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """Call each of ``runs`` (returning its own seconds) ``repeats`` times, round-robin, so
     that noise from other work on the machine spreads over all of them alike."""

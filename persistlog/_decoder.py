@@ -38,6 +38,9 @@ class Damage(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SegmentHeader:
+    """A segment's header (docs/FORMAT.md): its log, its number, the LSN of its first
+    record and the format version of its batches."""
+
     seq: int
     segment: int
     first_lsn: int
@@ -47,6 +50,10 @@ class SegmentHeader:
 
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
+    """A batch's header (docs/FORMAT.md): payload lengths as stored and as decoded, record
+    count, flags (kind, compression, encryption, hash link), first LSN, commit time in
+    microseconds since the epoch, and the payload's checksum."""
+
     stored_len: int
     raw_len: int
     count: int
@@ -75,6 +82,8 @@ class BatchHeader:
 
 
 def parse_segment_header(buf: bytes | memoryview) -> SegmentHeader:
+    """The segment header at ``buf[0:32]``, checked (magic, checksum, version, size):
+    :class:`Damage` at offset 0 otherwise."""
     if len(buf) < F.SEGMENT_HEADER_SIZE:
         raise Damage(f"segment shorter than its {F.SEGMENT_HEADER_SIZE}-byte header", 0)
     body = bytes(buf[: F.SEGMENT_HEADER.size])
@@ -468,6 +477,8 @@ def refused(header: BatchHeader, raw: bytes, offset: int, loads: Any, first: Rec
 
 
 def control_records(header: BatchHeader, raw: bytes, offset: int) -> list[dict[str, Any]]:
+    """The records of a control batch (``raw``: its checked payload, at ``offset``): maps
+    with a string ``"t"`` naming their type, :class:`Damage` otherwise."""
     records, _ = split_records(header, raw, offset, plain_loads)
     for r in records:
         if not isinstance(r, dict) or not isinstance(r.get("t"), str):

@@ -58,6 +58,7 @@ MAX_NAME_BYTES = 255
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _ENCODED = [chr(b) if b in _SAFE else f"%{b:02X}" for b in range(256)]
 _NAME = re.compile(r"[A-Za-z0-9._-]|%[0-9A-F]{2}")
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 # Shard directories listed at once on a remote store (latency-bound).
 LIST_THREADS = 16
@@ -101,6 +102,8 @@ def key_name(key: str) -> str:
 
 def name_key(name: str) -> str | None:
     """The key whose directory name is ``name``; None for a name no key has."""
+    if _PLAIN.fullmatch(name) and name[0] != "." and len(name) <= MAX_NAME_BYTES:
+        return name  # nothing encoded: the name is its own key (as key_name says)
     pieces = _NAME.findall(name)
     if not name or sum(map(len, pieces)) != len(name):
         return None
@@ -301,6 +304,11 @@ class LogSet(AbstractContextManager["LogSet"]):
         directory per shard (on S3 one delimiter listing per 1,000 entries of a shard),
         never the files of the logs. Directories that are no key's of this set (a name no
         key encodes to, or in another key's shard) are skipped with a warning."""
+        return (key for key, _url in self.logs())
+
+    def logs(self) -> Iterator[tuple[str, str]]:
+        """``(key, URL of its log)`` of every key :meth:`keys` lists, in the same order and
+        from the same listings: a reader of every log of the set needs no :meth:`url` per key."""
         prefixes: list[tuple[str, ...]] = [()]
         for _level in range(self.depth):
             listed = list(self._list_all(prefixes))
@@ -311,7 +319,7 @@ class LogSet(AbstractContextManager["LogSet"]):
                 if key is None or tuple(shards(key, self.depth)) != prefix:
                     log.warning("%s: %s is no key's directory in this log set; skipped", self.root, "/".join((*prefix, name)))
                     continue
-                yield key
+                yield key, _join(self.root, *prefix, name)
 
     def _listing(self, prefix: tuple[str, ...]) -> list[str]:
         url = _join(self.root, *prefix)

@@ -91,6 +91,9 @@ class ReplayPlan:
 
 
 def plan(dest: Destination) -> ReplayPlan:
+    """Which logs of ``dest`` a replay reads, from CURRENT and one listing: the log it starts
+    at (the one CURRENT names, else the newest complete log, else the oldest) and whether
+    that log holds a complete snapshot (``ReplayPlan.complete``)."""
     # CURRENT before the listing: a rotation finishing in between then only adds logs the
     # listing shows after the one CURRENT names, instead of naming a log not yet listed.
     pointer = read_pointer(dest)

@@ -28,8 +28,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from persistlog.cli._options import UsageError
-from persistlog.cli._options import parse_storage_options as _parse_cli_storage_options
+from persistlog.reading import UsageError
+from persistlog.reading import parse_storage_options as _parse_cli_storage_options
 
 log = logging.getLogger("spark_replay")
 
@@ -285,8 +285,8 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> bool:
     """Fail fast, before Spark starts, when there is nothing to replay; True when ``url``
     is a log set."""
     from destinations import open_destination
-    from persistlog._log_set import LogSet
-    from persistlog._reader import list_logs
+    from persistlog import LogSet
+    from persistlog.reading import list_logs
 
     try:
         dest = open_destination(url, **storage_options)
@@ -309,10 +309,10 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> bool:
 
 
 def _is_log_set(url: str, storage_options: dict[str, Any]) -> bool:
-    from persistlog._log_set import read_marker
+    from persistlog.reading import read_log_set_marker
 
     try:
-        return read_marker(url, storage_options) is not None
+        return read_log_set_marker(url, storage_options) is not None
     except Exception as e:  # a marker this version cannot read, or storage trouble
         raise JobError(f"cannot read {url}: {e}") from None
 

@@ -3,7 +3,7 @@
 Option ``keyProvider`` names an importable key provider (``MODULE:CALLABLE``, as the
 CLI's ``--key-provider``): only that name travels in the plan and the partitions, and each
 process (the driver, every executor's Python worker) imports the provider once and asks it
-for the keys it needs (:func:`persistlog._crypt.provider_named`). No key is ever put in an
+for the keys it needs (:func:`persistlog.reading.provider_named`). No key is ever put in an
 option, a partition, a plan or a message.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from persistlog._crypt import Keyring, provider_named
+from persistlog.reading import Keyring, provider_named
 
 
 @lru_cache(maxsize=16)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from persistlog._cursor import Cursor
+from persistlog import Cursor
 
 DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
 MIN_PARTITION_BYTES = 64 * 1024

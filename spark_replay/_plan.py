@@ -10,7 +10,7 @@ marker was not in that read, and the batch headers of segments larger than a par
 ``max_partition_bytes``, and less when the whole read is small, so that every core gets a
 share (``min_partitions``, as Spark's file sources split files). Payloads are only
 read for control batches, which are small; everything else is checked by the executors,
-through the same :class:`persistlog._reader.LogScanner` that restore uses.
+through the same :class:`persistlog.reading.LogScanner` that restore uses.
 
 A partition is a contiguous range of one log: from ``start`` (segment, offset, LSN at that
 offset or None at a segment start) up to ``end`` (exclusive; None for the end of the log).
@@ -30,13 +30,20 @@ from typing import Any, TypeVar
 from pyspark.sql.datasource import InputPartition
 
 from destinations import Destination, open_destination
-from persistlog import _format as F
-from persistlog._errors import CorruptLogError, DestinationError, LogNotFoundError
-from persistlog._log_set import LogSet
-from persistlog._reader import WALK_CHUNK, HeaderWalk, ScanStart, list_logs, walk_headers
-from persistlog._restore import gc_pause
-from persistlog._restore import plan as restore_plan
 
+from persistlog import CorruptLogError, DestinationError, LogNotFoundError, LogSet
+from persistlog.reading import (
+    FIRST_LSN,
+    SEGMENT_HEADER_SIZE,
+    WALK_CHUNK,
+    HeaderWalk,
+    ScanStart,
+    gc_pause,
+    list_logs,
+    replay_plan,
+    segment_name,
+    walk_headers,
+)
 from ._options import MIN_SPLIT_BYTES, ReadOptions
 
 log = logging.getLogger("spark_replay")
@@ -109,7 +116,7 @@ class LogPartition(InputPartition):
         """``(number, name)`` of every segment of the log as listed when planning."""
         missing = set(self.missing)
         return [
-            (n, F.segment_name(self.seq, n))
+            (n, segment_name(self.seq, n))
             for n in range(self.last_segment + 1)
             if n not in missing
         ]
@@ -205,7 +212,7 @@ def _units(lg: _Log, target: int, max_bytes: int) -> list[tuple[int, int, int | 
         # max_bytes, unless one batch alone is bigger).
         pieces = -(-size // target)
         share = size / pieces
-        start, start_lsn, acc, cut_at = 0, None, F.SEGMENT_HEADER_SIZE, share
+        start, start_lsn, acc, cut_at = 0, None, SEGMENT_HEADER_SIZE, share
         for offset, lsn, bsize in walk.batches:
             if offset > start and (offset >= cut_at or acc + bsize > max_bytes):
                 units.append((number, start, start_lsn, offset - start))
@@ -285,7 +292,7 @@ def _survey_log(
     seqs = sorted(listing)
     expect_complete = False
     if opts.logs == "latest":
-        rp = restore_plan(dest)
+        rp = replay_plan(dest)
         assert rp.start is not None
         seqs = [s for s in seqs if s >= rp.start]
         expect_complete = rp.complete
@@ -373,7 +380,7 @@ def replay_base(first_lsn: int, complete_lsn: int | None) -> int | None:
     """From which LSN on the rows of a log that starts at ``first_lsn`` (and whose snapshot
     ends at ``complete_lsn``) can start a replay (None: none can)."""
     # The first log ever holds the whole history: any point in it can be replayed.
-    return 0 if first_lsn == F.FIRST_LSN else complete_lsn
+    return 0 if first_lsn == FIRST_LSN else complete_lsn
 
 
 def _partitions(
@@ -547,14 +554,15 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     over every core as a big log is.
     """
     logset = LogSet(opts.url, create=False, storage_options=opts.storage_options)
-    keys = list(logset.keys())
+    logs = list(logset.logs())
     single = replace(opts, log_set=False)
     root = open_destination(opts.url, **opts.storage_options)
     local = root.appendable
     root.close()
 
-    def listed(key: str) -> _Listed | None:
-        dest = open_destination(logset.url(key), **opts.storage_options)
+    def listed(key_url: tuple[str, str]) -> _Listed | None:
+        key, url = key_url
+        dest = open_destination(url, **opts.storage_options)
         try:
             listing = list_logs(dest)
             if not listing:
@@ -581,7 +589,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
     # Thousands of small objects per thousand logs: the cyclic GC is paused meanwhile, as
     # during a replay (it would scan the driver's whole heap over and over).
     with gc_pause.during_replay(), _closing(found):
-        found.extend(item for item in _map_logs(listed, keys, local) if item is not None)
+        found.extend(item for item in _map_logs(listed, logs, local) if item is not None)
         if local:
             # Sizes are known: the share per task, and which logs a task surveys itself.
             target = split_bytes(sum(item.nbytes + LOG_COST_BYTES for item in found if item.nbytes), opts)

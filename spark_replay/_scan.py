@@ -3,7 +3,7 @@
 Everything goes through persistlog's one reader (:class:`LogScanner`), so damage is
 classified exactly as restore classifies it: a torn tail of an unsealed log is dropped;
 anything else raises :class:`CorruptLogError` (strict) or is passed over and listed (skip).
-Records become JSON text by the rule of ``docs/JSON.md`` (:mod:`persistlog._jsonify`).
+Records become JSON text by the rule of ``docs/JSON.md`` (:func:`persistlog.reading.to_json`).
 """
 
 from __future__ import annotations
@@ -18,22 +18,32 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from destinations import Destination, open_destination
-from persistlog import _format as F
-from persistlog._crypt import OPAQUE, Keyring
-from persistlog._decoder import Damage
-from persistlog._errors import CorruptLogError, DestinationError
-from persistlog._jsonify import (
+
+from persistlog import CorruptLogError, DestinationError
+from persistlog.reading import (
+    CONTROL_CHECKPOINT,
+    CONTROL_SEAL,
+    HEADER_AFTER_GAP,
+    KIND_SNAPSHOT,
+    KIND_UPDATE,
+    OPAQUE,
+    SEAL_CHAIN,
+    SEGMENT_HEADER_SIZE,
+    Batch,
+    Damage,
     JsonRecords,
+    Keyring,
+    LogScanner,
     PlainRecords,
+    gc_pause,
     key_text,
+    parse_segment_name,
     plain_loads,
     resource_texts_from_cbor,
+    segment_name,
     texts_from_cbor,
     to_json,
 )
-from persistlog._reader import Batch, LogScanner
-from persistlog._restore import gc_pause
-
 from ._keys import keys_named
 from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
 from ._schema import TIMESTAMP, arrow_schema
@@ -44,7 +54,7 @@ log = logging.getLogger("spark_replay")
 # small enough to keep a task's memory flat.
 CHUNK_ROWS = 16384
 
-_KIND_NAMES = {F.KIND_UPDATE: "update", F.KIND_SNAPSHOT: "snapshot"}
+_KIND_NAMES = {KIND_UPDATE: "update", KIND_SNAPSHOT: "snapshot"}
 
 
 @dataclass
@@ -82,7 +92,7 @@ class _Range:
         part = self.part
         if part.recovery == "strict":
             raise CorruptLogError(reason, destination=part.url, log=part.seq, segment=segment, offset=offset)
-        parsed = F.parse_segment_name(segment) if segment else None
+        parsed = parse_segment_name(segment) if segment else None
         number = parsed[1] if parsed else None
         self.problems.append(Problem(part.seq, number, segment, offset, length, "skipped", reason))
 
@@ -104,7 +114,7 @@ class _Range:
             ) from e
         self._collect_scanner_problems()
         if part.start[:2] == (0, 0) and self.scanner.state.header is None:
-            self.corrupt("log has no header record", F.segment_name(part.seq, 0), 0)
+            self.corrupt("log has no header record", segment_name(part.seq, 0), 0)
 
     def _at_end_of_log(self) -> None:
         """The checks between this log's end and the next log's start: its first LSN, and
@@ -116,7 +126,7 @@ class _Range:
             self.corrupt(
                 f"log {part.seq} ends before LSN {st.next_lsn} but log {part.seq + 1} "
                 f"starts at LSN {part.next_log_lsn}",
-                F.segment_name(part.seq + 1, 0),
+                segment_name(part.seq + 1, 0),
                 0,
             )
             return
@@ -126,20 +136,20 @@ class _Range:
                 f"hash chain broken between logs {part.seq} and {part.seq + 1}: log {part.seq + 1} "
                 f"links to chain head {link.hex()[:16]}, but log {part.seq} ends at {st.chain_head.hex()[:16]} "
                 f"(a batch was changed, removed or inserted at the end of log {part.seq}, or a log replaced)",
-                F.segment_name(part.seq + 1, 0),
-                F.SEGMENT_HEADER_SIZE,
+                segment_name(part.seq + 1, 0),
+                SEGMENT_HEADER_SIZE,
             )
 
     def _collect_scanner_problems(self) -> None:
         st = self.scanner.state
         for s in st.skipped:
-            parsed = F.parse_segment_name(s.segment)
+            parsed = parse_segment_name(s.segment)
             number = parsed[1] if parsed else None
             if number is None or self.contains(number, s.offset):
                 self.problems.append(Problem(s.log, number, s.segment, s.offset, s.length, "skipped", s.reason))
         if st.torn is not None:
             t = st.torn
-            parsed = F.parse_segment_name(t.segment)
+            parsed = parse_segment_name(t.segment)
             number = parsed[1] if parsed else None
             if number is None or self.contains(number, t.offset):
                 self.problems.append(Problem(t.log, number, t.segment, t.offset, t.length, "torn", t.reason))
@@ -407,7 +417,7 @@ def _rows_into(rng: _Range, batches: Iterable[Batch], cols: _Columns) -> Iterato
         try:
             cols.add(batch, lo, hi)
         except Damage as d:
-            rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+            rng.corrupt(d.reason, segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
             continue
         if cols.rows >= CHUNK_ROWS:
             yield cols.flush()
@@ -431,7 +441,7 @@ def _whole_log_into(unit: LogToPlan, part: LogPartition, cols: _Columns) -> Iter
         scan = rng.batches()
         for batch in scan:
             header = rng.scanner.state.header
-            if not held and header is not None and header.get(F.HEADER_AFTER_GAP) is True:
+            if not held and header is not None and header.get(HEADER_AFTER_GAP) is True:
                 scan.close()
                 break
             held.append(batch)
@@ -459,7 +469,7 @@ def read_problems(part: LogPartition) -> Iterator[tuple[Any, ...]]:
                 for _first, _records in batch.record_slices(_count_only):
                     pass
             except Damage as d:
-                rng.corrupt(d.reason, F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+                rng.corrupt(d.reason, segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
         key = () if part.log_key is None else (part.log_key,)
         for p in rng.problems:
             yield (*key, p.log, p.segment, p.segment_name, p.offset, p.length, p.kind, p.reason)
@@ -481,15 +491,15 @@ def read_heads(part: LogPartition) -> Iterator[tuple[Any, ...]]:
             for c in batch.controls or ():
                 if "sig" not in c:
                     continue
-                if c["t"] == F.CONTROL_CHECKPOINT:
+                if c["t"] == CONTROL_CHECKPOINT:
                     lsn, head = c.get("lsn"), c.get("head")
-                elif c["t"] == F.CONTROL_SEAL:
-                    lsn, head = c.get("next_lsn"), c.get(F.SEAL_CHAIN)
+                elif c["t"] == CONTROL_SEAL:
+                    lsn, head = c.get("next_lsn"), c.get(SEAL_CHAIN)
                 else:
                     continue
                 if not isinstance(lsn, int) or not isinstance(head, bytes) or not isinstance(c.get("key"), str):
                     rng.corrupt(f"{c['t']} record without its LSN, head or key id",
-                                F.segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
+                                segment_name(part.seq, batch.segment), batch.offset, batch.header.size)
                     continue
                 yield (*key, part.seq, batch.segment, batch.offset, c["t"], lsn, head.hex(), c["key"])
     finally:

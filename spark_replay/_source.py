@@ -51,9 +51,9 @@ class PersistLogDataSource(DataSource):
 def is_log_set(opts: ReadOptions) -> bool:
     """Whether ``opts.url`` is the root of a log set (its ``LOGSET`` marker): one small
     read, a failed one for a log."""
-    from persistlog._log_set import read_marker
+    from persistlog.reading import read_log_set_marker
 
-    return read_marker(opts.url, opts.storage_options) is not None
+    return read_log_set_marker(opts.url, opts.storage_options) is not None
 
 
 class PersistLogReader(DataSourceReader):

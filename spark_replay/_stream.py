@@ -26,11 +26,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from destinations import Destination, open_destination
-from persistlog import _format as F
-from persistlog._errors import DestinationError, LogNotFoundError, PersistLogError, ResetRequired
-from persistlog._cursor import Cursor
-from persistlog._reader import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap
 
+from persistlog import Cursor, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
+from persistlog.reading import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap, segment_name
 from ._options import StreamOptions, starting_position
 from ._plan import LogPartition, split_bytes
 from ._tail import GAP_OPTIONS, Mark, Position, Tail, earliest_position, end_cursor, restore_position
@@ -193,7 +191,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         # last segment the range read of its first log is there, all it read is there.
         number = max(m.position.cursor.segment for m in marks[:-1] if m.position.cursor.log == first.log)
         try:
-            self.tail.dest.size(F.segment_name(first.log, number))
+            self.tail.dest.size(segment_name(first.log, number))
             return None
         except FileNotFoundError:
             pass

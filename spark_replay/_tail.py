@@ -6,7 +6,7 @@ LSNs, so the driver walks batch headers only. Payloads are read for control batc
 which are small: a snapshot-complete marker changes ``base_log``, a seal ends the log.
 
 New segments and logs are found as a follower finds them, by asking for the names that
-may come next (:class:`persistlog._probe.SegmentProbe`) rather than by listing: an idle
+may come next (:class:`persistlog.reading.SegmentProbe`) rather than by listing: an idle
 poll costs a size check of a growing local segment and two requests on an object store
 (whose objects never change, so their sizes are remembered), never a ``LIST``. A listing
 happens only when the cursor's segment is gone, to say what retention left, or when
@@ -25,16 +25,34 @@ from datetime import datetime
 from typing import Any
 
 from destinations import Destination
-from persistlog import _format as F
-from persistlog._decoder import Damage, check_payload, control_records, parse_batch_header, parse_segment_header
-from persistlog._errors import CorruptLogError, LogNotFoundError, PersistLogError, ResetRequired
-from persistlog._crypt import OPAQUE
-from persistlog._cursor import Cursor
-from persistlog._follower import first_lsn, gap_closed
-from persistlog._probe import SegmentProbe, next_segments
-from persistlog._reader import LogScanner, SegmentBytes, declares_gap, list_logs, read_pointer, retention_gap
-from persistlog._restore import plan as restore_plan
-from persistlog._seek import seek
+from persistlog import CorruptLogError, Cursor, LogNotFoundError, PersistLogError, ResetRequired
+from persistlog.reading import (
+    BATCH_HEADER_SIZE,
+    CONTROL_COMPLETE,
+    CONTROL_SEAL,
+    FIRST_LSN,
+    KIND_CONTROL,
+    OPAQUE,
+    SEGMENT_HEADER_SIZE,
+    Damage,
+    LogScanner,
+    SegmentBytes,
+    SegmentProbe,
+    check_payload,
+    control_records,
+    declares_gap,
+    first_lsn,
+    gap_closed,
+    list_logs,
+    next_segments,
+    parse_batch_header,
+    parse_segment_header,
+    read_pointer,
+    replay_plan,
+    retention_gap,
+    seek,
+    segment_name,
+)
 
 log = logging.getLogger("spark_replay")
 
@@ -146,12 +164,12 @@ def log_start(dest: Destination, seq: int, segments: list[tuple[int, str]]) -> P
     first = first_lsn(dest, name)
     if first is None:
         raise CorruptLogError("damaged segment header", destination=dest.url, log=seq, segment=name, offset=0)
-    return Position(Cursor(seq, 0, 0, first), seq if first == F.FIRST_LSN else None)
+    return Position(Cursor(seq, 0, 0, first), seq if first == FIRST_LSN else None)
 
 
 def restore_position(dest: Destination) -> Position | None:
     """Where a restore starts: the newest complete log (None: no log yet)."""
-    p = restore_plan(dest)
+    p = replay_plan(dest)
     if p.start is None:
         return None
     return log_start(dest, p.start, p.logs[p.start])
@@ -203,7 +221,7 @@ class Tail:
 
     def seek_position(self, position: int | datetime) -> Position | None:
         """Where a stream started at an LSN or a commit time starts (None: no log yet),
-        found by persistlog's seek (:func:`persistlog._seek.seek`): a position the logs do
+        found by persistlog's seek (:func:`persistlog.reading.seek`): a position the logs do
         not hold raises :class:`PositionError`, naming what they hold. Before a log's first
         record it is that log's start; at the end, :meth:`latest_position`; inside a log
         the stream holds none of the history before it (no row of that log can rebuild
@@ -280,7 +298,7 @@ class Tail:
 
     def _walk_on(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
         cur = pos.cursor
-        name = F.segment_name(cur.log, cur.segment)
+        name = segment_name(cur.log, cur.segment)
         # Look for what follows before sizing this segment: a successor seen now means
         # the size read next holds every record of this segment.
         following = self._following(pos)
@@ -356,15 +374,15 @@ class Tail:
             return size, False
         try:
             if p == 0:
-                if size < F.SEGMENT_HEADER_SIZE:
+                if size < SEGMENT_HEADER_SIZE:
                     return 0, False
                 self._check_segment_header(data, seq, number, next_lsn, name)
-                p = F.SEGMENT_HEADER_SIZE
+                p = SEGMENT_HEADER_SIZE
             kept_bytes, tentative = marks[-1].nbytes, False
             while p < size:
                 if limits.beyond(seq, number, p):
                     raise _Stop
-                header = parse_batch_header(data.get(p, F.BATCH_HEADER_SIZE), p)
+                header = parse_batch_header(data.get(p, BATCH_HEADER_SIZE), p)
                 if p + header.size > size:
                     return p, False
                 if header.first_lsn != next_lsn:
@@ -373,11 +391,11 @@ class Tail:
                         destination=self.dest.url, log=seq, segment=name, offset=p,
                     )
                 complete = False
-                if header.kind == F.KIND_CONTROL:
-                    raw = check_payload(header, data.get(p + F.BATCH_HEADER_SIZE, header.stored_len), p)
+                if header.kind == KIND_CONTROL:
+                    raw = check_payload(header, data.get(p + BATCH_HEADER_SIZE, header.stored_len), p)
                     kinds = {c["t"] for c in control_records(header, raw, p)}
-                    complete = F.CONTROL_COMPLETE in kinds and base != seq and pos.entered != seq
-                    sealed = F.CONTROL_SEAL in kinds
+                    complete = CONTROL_COMPLETE in kinds and base != seq and pos.entered != seq
+                    sealed = CONTROL_SEAL in kinds
                     records = 0
                 else:
                     records = header.count
@@ -413,7 +431,7 @@ class Tail:
 
     def _check_segment_header(self, data: SegmentBytes, seq: int, number: int, next_lsn: int, name: str) -> None:
         try:
-            sh = parse_segment_header(data.get(0, F.SEGMENT_HEADER_SIZE))
+            sh = parse_segment_header(data.get(0, SEGMENT_HEADER_SIZE))
         except Damage as d:
             raise CorruptLogError(d.reason, destination=self.dest.url, log=seq, segment=name, offset=0) from None
         if sh.seq != seq or sh.segment != number:
@@ -457,12 +475,12 @@ class Tail:
         cur = pos.cursor
         logs = list_logs(self.dest)
         if cur.log + 1 in logs and cur.log not in logs:
-            if self._first_lsn(F.segment_name(cur.log + 1, 0)) == cur.next_lsn:
+            if self._first_lsn(segment_name(cur.log + 1, 0)) == cur.next_lsn:
                 return Position(Cursor(cur.log + 1, 0, 0, cur.next_lsn), pos.base)
         gap = retention_gap(self.dest, cur.log, cur.segment)
         if logs:
             oldest = min(logs)
-            first = self._first_lsn(F.segment_name(oldest, 0))
+            first = self._first_lsn(segment_name(oldest, 0))
             left = f"the oldest log left is {oldest}" + (f", from LSN {first}" if first is not None else "")
         else:
             left = "no log is left"

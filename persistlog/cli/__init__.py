@@ -1,8 +1,9 @@
 """The ``persistlog`` command: argument parsing and dispatch only.
 
 Each subcommand is one module with ``add_parser(subparsers, common)`` and ``run(args)``;
-the work itself is done by library functions (``persistlog._destination_check``, ``_repair``,
-``restore``, ``follow``) so that the CLI only parses, calls and prints.
+the work itself is done by library functions, taken only from ``persistlog`` and its
+public read API ``persistlog.reading`` (``inspect_destination``, ``repair``, ``restore``,
+``follow``), so that the CLI only parses, calls and prints.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from .._format import FORMAT_VERSION
-from .._version import package_version
+from .. import FORMAT_VERSION, __version__
 from . import dump, info, repair, restore_check, tail, verify
 from ._console import EXIT_USAGE, fail, guarded, logging_to_stderr
 from ._options import common_options
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"persistlog {package_version()} (format v{FORMAT_VERSION})")
+    parser.add_argument("--version", action="version", version=f"persistlog {__version__} (format v{FORMAT_VERSION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = common_options()
     for command in COMMANDS:

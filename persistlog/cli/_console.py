@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-from .._errors import CorruptLogError, PersistLogError
-from ._options import UsageError
+from .. import CorruptLogError, PersistLogError
+from ..reading import UsageError
 
 EXIT_OK = 0
 #: Damage was found (or is still there): torn tails, corruption, a refused repair.

@@ -8,18 +8,12 @@ kept as strings otherwise; the CLI never looks at them or names a driver.
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import datetime, timezone
 from typing import Any
 
 from destinations import Destination, open_destination
 
-from .. import _format as F
-from .._crypt import Keyring, provider_named
-
-
-class UsageError(Exception):
-    """Bad input from the command line: reported in one line, exit status 2."""
+from ..reading import CURRENT_NAME, Keyring, UsageError, parse_segment_name, parse_storage_options, provider_named
 
 
 def iso_time(value: str) -> datetime:
@@ -70,32 +64,6 @@ def common_options() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     common.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
     return common
-
-
-def parse_storage_options(items: list[str]) -> dict[str, Any]:
-    """``["anon=true", "client_kwargs.endpoint_url=http://h"]`` ->
-    ``{"anon": True, "client_kwargs": {"endpoint_url": "http://h"}}``: VALUE is parsed as JSON
-    when it can be, and a dotted KEY nests (fsspec options such as ``client_kwargs`` are
-    dicts). The one parser of ``--storage-option`` for the CLI and the Spark job."""
-    options: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--storage-option needs KEY=VALUE, got {item!r}")
-        try:
-            value: Any = json.loads(raw)
-        except ValueError:
-            value = raw
-        node = options
-        *parents, leaf = key.split(".")
-        for name in parents:
-            child = node.setdefault(name, {})
-            if not isinstance(child, dict):
-                raise UsageError(f"--storage-option {key}: {name} is already set to a value")
-            node = child
-        node[leaf] = value
-    return options
 
 
 def load_key_provider(spec: str | None) -> Keyring | None:
@@ -154,7 +122,7 @@ def _why_no_log(dest: Destination) -> str | None:
         names = dest.list()
     except FileNotFoundError:
         return dest.describe_missing()
-    if any(F.parse_segment_name(n) is not None for n in names) or F.CURRENT_NAME in names:
+    if any(parse_segment_name(n) is not None for n in names) or CURRENT_NAME in names:
         return None
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")

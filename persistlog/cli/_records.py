@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-from .._jsonify import to_json
+from ..reading import to_json
 from ._console import fmt_time, iso_time
 
 

@@ -17,13 +17,10 @@ from typing import Any
 
 from destinations import Destination
 
-from .._codec import Codec
-from .._decoder import Damage
-from .._errors import CorruptLogError, PositionError
-from .._reader import LogScanner, list_logs
-from .._seek import seek, utc_micros
+from .. import Codec, CorruptLogError, PositionError
+from ..reading import Damage, LogScanner, UsageError, list_logs, seek, utc_micros
 from ._console import EXIT_DAMAGED, EXIT_OK, error
-from ._options import UsageError, add_start_options, check_start, iso_time, key_provider, open_log
+from ._options import add_start_options, check_start, iso_time, key_provider, open_log
 from ._records import RecordWriter
 
 EXAMPLES = """\

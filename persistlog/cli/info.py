@@ -15,10 +15,7 @@ import argparse
 import time
 from typing import Any
 
-from .._crypt import OPAQUE
-from .._destination_check import inspect_destination
-from .._destination_report import DestinationReport, Progress
-from .._lock_holder import Holder
+from ..reading import OPAQUE, DestinationReport, Holder, Progress, inspect_destination
 from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fmt_bytes, fmt_time, iso_time, plural, print_json
 from ._options import key_provider, open_log
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._repair import RepairPlan, RepairResult, repair
-from .._errors import KeyUnavailableError, MissingDependencyError
+from .. import KeyUnavailableError, MissingDependencyError
+from ..reading import RepairPlan, RepairResult, UsageError, repair
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
-from ._options import UsageError, key_provider, open_log
+from ._options import key_provider, open_log
 from .info import progress_callback
 
 EXAMPLES = """\

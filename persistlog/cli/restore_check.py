@@ -14,12 +14,10 @@ import argparse
 import time
 from typing import Any
 
-from .._api import restore
-from .._errors import CorruptLogError
-from .._jsonify import to_json
-from .._restore import RestoreResult
+from .. import CorruptLogError, RestoreResult, restore
+from ..reading import parse_storage_options, to_json
 from ._console import EXIT_DAMAGED, EXIT_OK, ProgressLine, fail, fmt_time, iso_time, plural, print_json
-from ._options import key_provider, open_log, parse_storage_options
+from ._options import key_provider, open_log
 
 EXAMPLES = """\
 examples:

@@ -32,12 +32,10 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .. import _format as F
-from .._cursor import Cursor
-from .._errors import LogNotFoundError
-from .._follower import Follower, follow
+from .. import Cursor, Follower, LogNotFoundError, follow
+from ..reading import FIRST_LSN, UsageError, parse_storage_options
 from ._console import EXIT_OK, error
-from ._options import UsageError, add_start_options, check_start, key_provider, open_log, parse_storage_options
+from ._options import add_start_options, check_start, key_provider, open_log
 from ._records import RecordWriter
 
 EXAMPLES = """\
@@ -85,7 +83,7 @@ def _start_cursor(args: argparse.Namespace) -> Cursor:
     try:
         if args.from_time is not None:
             return Cursor.at_time(args.url, args.from_time, storage_options=options)
-        if args.from_lsn < F.FIRST_LSN:
+        if args.from_lsn < FIRST_LSN:
             return Cursor.earliest(args.url, storage_options=options)
         return Cursor.at_lsn(args.url, args.from_lsn, storage_options=options)
     except LogNotFoundError:

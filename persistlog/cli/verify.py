@@ -16,12 +16,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._audit import Audit, audit
-from .._crypt import OPAQUE
-from .._destination_check import inspect_destination
-from .._destination_report import DestinationReport, Problem, SignedHead
-from .._errors import KeyUnavailableError, MissingDependencyError
-from .._signing import Verifier, load_public_key
+from .. import KeyUnavailableError, MissingDependencyError
+from ..reading import (
+    OPAQUE,
+    Audit,
+    DestinationReport,
+    Problem,
+    SignedHead,
+    Verifier,
+    audit,
+    inspect_destination,
+    load_public_key,
+)
 from ._console import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, ProgressLine, fail, fmt_bytes, plural, print_json
 from ._options import key_provider, open_log
 from .info import progress_callback, report_json

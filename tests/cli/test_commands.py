@@ -61,7 +61,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str) -> None
 
 
 def test_storage_options_parse_as_json_when_they_can() -> None:
-    from persistlog.cli._options import parse_storage_options
+    from persistlog.reading import parse_storage_options
 
     got = parse_storage_options(["anon=true", "n=3", 'client_kwargs={"region_name": "eu"}', "endpoint_url=http://h:1"])
     assert got == {"anon": True, "n": 3, "client_kwargs": {"region_name": "eu"}, "endpoint_url": "http://h:1"}

@@ -20,10 +20,13 @@ from typing import Any
 
 import pytest
 from child_scripts import PROCS, child_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import persistlog
 from persistlog import _encoder
 from persistlog import _format as F
+from persistlog._log_set import key_name, name_key
 
 KEYS = [
     "user:1",
@@ -111,6 +114,20 @@ def test_keys_round_trip_through_their_directory_names(tmp_path: Path) -> None:
     assert "never opened" not in logset
     assert persistlog.LogSet(tmp_path / "set").restore("never opened", print).found is False
     assert "never opened" not in logset  # a restore creates nothing
+    assert list(logset.logs()) == [(key, logset.url(key)) for key in logset.keys()]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=40))
+def test_a_key_is_what_its_directory_name_decodes_to(key: str) -> None:
+    assert name_key(key_name(key)) == key
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="Aa0._-%2E", min_size=1, max_size=20))
+def test_a_directory_name_decodes_to_a_key_only_if_that_key_is_named_so(name: str) -> None:
+    key = name_key(name)
+    assert key is None or key_name(key) == name
 
 
 def test_keys_skips_directories_no_key_of_the_set_has(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -119,6 +136,7 @@ def test_keys_skips_directories_no_key_of_the_set_has(tmp_path: Path, caplog: py
     shard = Path(logset.url("real")).parent.name
     (tmp_path / "set" / shard / "not%zzencoded").mkdir()
     (tmp_path / "set" / shard / "elsewhere").mkdir()  # a valid name, in another key's shard
+    (tmp_path / "set" / shard / ".dotted").mkdir()  # a key's leading dot is encoded: no key's name
     (tmp_path / "set" / "not-a-shard").mkdir()
     assert list(logset.keys()) == ["real"]
     assert "not%zzencoded is no key's directory" in caplog.text
