@@ -68,7 +68,7 @@ class AsyncLog:
         self._log = lg
         self._parts = parts = parts_of(lg)
         # The parts the hot path calls, one attribute away.
-        self._stage = parts.buffer.stage
+        self._stage = parts.buffer.fast_stage
         self._writer = parts.writer
         self._rotator = parts.rotator
         self._loop = loop

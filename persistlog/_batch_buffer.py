@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import _format as F
 from ._codec import Codec, check_depth, encode_error, records_list
@@ -50,22 +50,47 @@ def _array_header_len(n: int) -> int:
     return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
 
 
-class BatchBuffer:
+class _Staging:
+    """The fields an append touches and the buffer's lock, where the C accelerator is not
+    built (there, ``_cbor_json.Staging`` holds them, and adds ``_stage_fast``)."""
+
+    __slots__ = ("_lock", "_enc_encode", "_pos", "_blocked", "_next_lsn", "_batch_bytes", "_cut_lsn")
+
+    _lock: threading.Lock
+    _enc_encode: Callable[[Any], int]
+    _pos: int
+    _blocked: bool
+    _next_lsn: int
+    _batch_bytes: int
+    _cut_lsn: int
+
+    def __init__(self, max_record: int) -> None:
+        self._lock = threading.Lock()
+
+
+try:
+    from ._cbor_json import Staging as _CStaging
+except ImportError:  # built without a C compiler (or before the type existed)
+    _CStaging = None
+if TYPE_CHECKING:
+    _Base = _Staging
+else:
+    _Base = _CStaging or _Staging
+
+
+class BatchBuffer(_Base):
     """Records appended and not yet detached for a batch, their LSNs, and the cut rule."""
 
-    __slots__ = (
-        "_lock", "_codec", "_fp", "_enc_encode", "_pos", "_first", "_snap", "_blocked", "_refusal",
-        "_next_lsn", "_full", "_batch_bytes", "_cut_lsn", "_eager", "_taking", "_taking_batch",
-    )
+    __slots__ = ("_codec", "_fp", "_first", "_snap", "_refusal", "_full", "_eager", "_taking", "_taking_batch")
 
     def __init__(self, codec: Codec, next_lsn: int, batch_bytes: int, eager: bool) -> None:
         """An empty buffer whose first record gets ``next_lsn``; batches of ``batch_bytes``;
         with ``eager`` (``flush`` and ``fsync`` modes) every call hands its batch over."""
-        self._lock = threading.Lock()
+        super().__init__(_MAX_RECORD)
         self._codec = codec
         # Made at the first append: a log that is never written holds no buffer.
         self._fp: io.BytesIO | None = None
-        self._enc_encode: Callable[[Any], int] = self._start_encoder  # returns the buffer's new end
+        self._enc_encode = self._start_encoder  # returns the buffer's new end
         self._pos = 0  # the end of the last whole record
         self._first = next_lsn  # the LSN of the buffer's first record
         self._snap: list[int] | None = None  # snapshot records' offsets from _first
@@ -80,6 +105,19 @@ class BatchBuffer:
         self._taking_batch: bytes | None = None
 
     # -- appending ------------------------------------------------------------------------
+
+    @property
+    def fast_stage(self) -> Callable[[Any], int | tuple[int] | bytes]:
+        """The callable ``Log.update()`` and ``AsyncLog.update()`` stage a record with,
+        bound once: :meth:`stage`, as one C call (lock, encode, end and LSN, cut rule) where
+        the accelerator is built, which takes this method for every other case."""
+        fast: Callable[[Any], int | tuple[int] | bytes] = getattr(self, "_stage_fast", self.stage)
+        return fast
+
+    @property
+    def accelerated(self) -> bool:
+        """Whether :attr:`fast_stage` is the C one."""
+        return _CStaging is not None
 
     def stage(self, record: Any, snapshot: bool = False) -> int | tuple[int] | bytes:
         """Encode one record into the buffer, touching no storage. Returns its LSN; or
@@ -99,7 +137,7 @@ class BatchBuffer:
             except BaseException as e:
                 self._blocked = True  # what was encoded of it is cut before the next append
                 if isinstance(e, Exception):
-                    raise encode_error(e) from None
+                    self._encode_failed(e)
                 raise
             if end > _MAX_RECORD:
                 self._blocked = True  # cut by the next append if interrupted from here
@@ -307,6 +345,10 @@ class BatchBuffer:
         fp = self._fp if self._fp is not None else self._buffer()
         self._enc_encode = self._codec.record_encoder(fp)
         return self._enc_encode(record)
+
+    def _encode_failed(self, e: Exception) -> NoReturn:
+        """Raise the error an encoder's ``e`` means to the app (``TypeError``...)."""
+        raise encode_error(e) from None
 
     def _unblock(self) -> None:
         """The slow path of an append (holds ``_lock``): raise if refusing, else cut what an
