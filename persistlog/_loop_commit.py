@@ -27,11 +27,13 @@ to its future reaches the shared write.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._errors import LogClosedError, LogFailedError, PersistLogError
@@ -67,6 +69,7 @@ class LoopCommit:
         self._writer = weakref.ref(writer)
         weakref.finalize(lg, self._wake)
         self._loop = loop
+        self._new_future = _future_maker(loop)
         self._cv = threading.Condition(threading.Lock())
         # Registrations, taken by the thread with popleft(): a deque's append and popleft
         # are atomic, so the loop registers a waiter without taking a lock (the usual case:
@@ -85,7 +88,7 @@ class LoopCommit:
         assert writer is not None  # the AsyncLog asking holds its Log
         if (writer.durable_lsn if durable else writer.written_lsn) > lsn:
             return None
-        fut: asyncio.Future[int] = self._loop.create_future()
+        fut: asyncio.Future[int] = self._new_future()
         waiter = (lsn, durable, fut)
         waiting = self._waiting
         waiting.append(waiter)
@@ -109,6 +112,11 @@ class LoopCommit:
             # first and then looked at the deque, so one of the two sees the other.
             with self._cv:
                 self._cv.notify()
+                # Told once: until the thread runs again (it needs the interpreter, which
+                # this loop holds) the requests that follow need not tell it again. It
+                # sets _idle only under _cv, before it waits, so this cannot hide a sleep.
+                self._idle = False
+                self._want = 0
         return fut
 
     def stop(self) -> None:
@@ -212,13 +220,30 @@ class LoopCommit:
         # sealed the records made them durable even if this sync found the log closed, and
         # their tasks must not be told they failed.
         durable_lsn, written_lsn = (writer.durable_lsn, writer.written_lsn) if writer is not None else (-1, -1)
-        for lsn, durable, fut in group[start:end]:
+        part = group[start:end]
+        if durable_lsn > max(w[0] for w in part):
+            # The usual case: the whole slice is durable. One test for all of it.
+            for lsn, _, fut in part:
+                if not fut.done():  # else its task was cancelled; the record was written all the same
+                    fut.set_result(lsn)
+            return
+        for lsn, durable, fut in part:
             if fut.done():  # its task was cancelled; the record was written all the same
                 continue
             if (durable_lsn if durable else written_lsn) > lsn:
                 fut.set_result(lsn)
             else:
                 fut.set_exception(_failure(writer, error))
+
+
+def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[int]]:
+    """``loop.create_future``; for asyncio's own loops, their futures made directly (the
+    same object, one Python call fewer per awaited record)."""
+    import asyncio
+
+    if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return loop.create_future
 
 
 def _failure(writer: BatchWriter | None, error: BaseException | None) -> PersistLogError:
