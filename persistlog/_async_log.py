@@ -74,7 +74,7 @@ class AsyncLog:
         self._rotator = parts.rotator
         self._loop = loop
         self._commit = LoopCommit(lg, parts.writer, loop, f"persistlog-commit {lg.url}")
-        self._request = self._commit.request
+        self._register = self._commit.register
         self._signal: int | None = None
 
     # -- writing ------------------------------------------------------------------------
@@ -103,9 +103,7 @@ class AsyncLog:
                 lsn, due = await self._offload(writer.staged, staged)
             if sync or due:
                 # _written(), inlined: one coroutine less per awaited record (the hot path).
-                fut = self._request(lsn, sync is True or self._sync_each)
-                if fut is not None:
-                    await fut
+                await self._register(lsn, sync is True or self._sync_each)
             elif not writer.flush_armed:
                 writer.arm_flush()
             return lsn
