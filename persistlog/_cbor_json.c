@@ -15,6 +15,9 @@
  * Every length read from the input is checked against the bytes left before it is used;
  * nothing is allocated from a length the input declares. The output grows as it is
  * written.
+ *
+ * The module also holds the writer's C paths: the nesting depth of a value before it is
+ * encoded, and Staging, the batch buffer's append in one call (at the end of the file).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -1678,12 +1681,6 @@ staging_get_lock(Staging *self, void *closure)
     return Py_NewRef(self);
 }
 
-static PyObject *
-staging_get_locked(Staging *self, void *closure)
-{
-    return PyBool_FromLong(self->locked);
-}
-
 static PyMethodDef staging_methods[] = {
     {"_stage_fast", (PyCFunction)(void (*)(void))staging_stage_fast, METH_FASTCALL,
      "_stage_fast(record, snapshot=False): stage(record, snapshot), its usual case in C."},
@@ -1704,7 +1701,6 @@ static PyMemberDef staging_members[] = {
 
 static PyGetSetDef staging_getset[] = {
     {"_lock", (getter)staging_get_lock, NULL, "the buffer's lock (a context manager: this object)", NULL},
-    {"_locked", (getter)staging_get_locked, NULL, "whether the buffer's lock is held", NULL},
     {NULL},
 };
 
