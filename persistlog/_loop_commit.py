@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import threading
 import time
 import weakref
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("persistlog")
 
 _Waiter = tuple[int, bool, "asyncio.Future[int]"]
+# A waiter's LSN and whether it asked for durability (C calls over a group, not a generator).
+_LSN = operator.itemgetter(0)
+_DURABLE = operator.itemgetter(1)
 
 # Tasks woken in one pass of the loop. Every task woken appends its next record in that
 # pass (tens of microseconds each on a busy machine): a group of 256 woken at once would
@@ -157,14 +161,14 @@ class LoopCommit:
                 continue  # taken back by a request() that found the thread stopping
             started = time.monotonic()
             error: BaseException | None = None
-            top = max(w[0] for w in group)
+            top = max(map(_LSN, group))
             writer = self._writer()
             try:
                 if writer is None:
                     raise LogClosedError("the log was closed")
                 # Writes every record appended so far, theirs included, and syncs if any
                 # of them asked; it also holds them while a fired trigger switches logs.
-                writer.commit(top, durable=any(w[1] for w in group))
+                writer.commit(top, durable=any(map(_DURABLE, group)))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
                 log.debug("a write for the event loop failed: %s", e)
@@ -227,7 +231,7 @@ class LoopCommit:
         # their tasks must not be told they failed.
         durable_lsn, written_lsn = (writer.durable_lsn, writer.written_lsn) if writer is not None else (-1, -1)
         part = group[start:end]
-        if durable_lsn > max(w[0] for w in part):
+        if durable_lsn > max(map(_LSN, part)):
             # The usual case: the whole slice is durable. One test for all of it.
             for lsn, _, fut in part:
                 if not fut.done():  # else its task was cancelled; the record was written all the same
