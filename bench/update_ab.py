@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _CHILD = r"""
 import json, os, sys, tempfile, time
 import persistlog, baselines, shapes
+assert os.path.dirname(os.path.dirname(os.path.abspath(persistlog.__file__))) == os.getcwd(), persistlog.__file__
 from workload import no_enumeration
 
 def update_run(records, path):
@@ -59,8 +60,9 @@ with tempfile.TemporaryDirectory() as tmp:
 def _child(tree: str, pure: bool) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, HERE]))
     hide = "import sys; sys.modules['persistlog._cbor_json'] = None\n" if pure else ""
+    # Run from the tree itself: ``python -c`` puts the working directory first on sys.path.
     return subprocess.Popen([sys.executable, "-c", hide + _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, cwd=tree)
 
 
 def main() -> None:
