@@ -54,11 +54,13 @@ class _Staging:
     """The fields an append touches and the buffer's lock, where the C accelerator is not
     built (there, ``_cbor_json.Staging`` holds them, and adds ``_stage_fast``)."""
 
-    __slots__ = ("_lock", "_enc_encode", "_pos", "_blocked", "_next_lsn", "_batch_bytes", "_cut_lsn")
+    __slots__ = ("_lock", "_enc_encode", "_pos", "_first", "_snap", "_blocked", "_next_lsn", "_batch_bytes", "_cut_lsn")
 
     _lock: threading.Lock
     _enc_encode: Callable[[Any], int]
     _pos: int
+    _first: int
+    _snap: list[int] | None
     _blocked: bool
     _next_lsn: int
     _batch_bytes: int
@@ -81,7 +83,7 @@ else:
 class BatchBuffer(_Base):
     """Records appended and not yet detached for a batch, their LSNs, and the cut rule."""
 
-    __slots__ = ("_codec", "_fp", "_first", "_snap", "_refusal", "_full", "_eager", "_taking", "_taking_batch")
+    __slots__ = ("_codec", "_fp", "_refusal", "_full", "_eager", "_taking", "_taking_batch")
 
     def __init__(self, codec: Codec, next_lsn: int, batch_bytes: int, eager: bool) -> None:
         """An empty buffer whose first record gets ``next_lsn``; batches of ``batch_bytes``;
@@ -93,7 +95,7 @@ class BatchBuffer(_Base):
         self._enc_encode = self._start_encoder  # returns the buffer's new end
         self._pos = 0  # the end of the last whole record
         self._first = next_lsn  # the LSN of the buffer's first record
-        self._snap: list[int] | None = None  # snapshot records' offsets from _first
+        self._snap = None  # snapshot records' offsets from _first
         self._blocked = False  # refusing or interrupted: the slow path sorts it out
         self._refusal: Callable[[], None] | None = None  # raises the log's failed/closed error
         self._next_lsn = next_lsn
@@ -105,14 +107,6 @@ class BatchBuffer(_Base):
         self._taking_batch: bytes | None = None
 
     # -- appending ------------------------------------------------------------------------
-
-    @property
-    def fast_stage(self) -> Callable[[Any], int | tuple[int] | bytes]:
-        """The callable ``Log.update()`` and ``AsyncLog.update()`` stage a record with,
-        bound once: :meth:`stage`, as one C call (lock, encode, end and LSN, cut rule) where
-        the accelerator is built, which takes this method for every other case."""
-        fast: Callable[[Any], int | tuple[int] | bytes] = getattr(self, "_stage_fast", self.stage)
-        return fast
 
     @property
     def accelerated(self) -> bool:
@@ -152,6 +146,11 @@ class BatchBuffer(_Base):
                 return (lsn,) if end >= self._batch_bytes else lsn
             self._next_lsn = lsn + 1
         return (lsn,) if end >= self._batch_bytes or lsn >= self._cut_lsn else lsn
+
+    #: The callable ``Log.update()``, ``AsyncLog.update()`` and ``BatchWriter.emit`` stage a
+    #: record with: :meth:`stage`, as one C call (lock, encode, end and LSN, cut rule) where
+    #: the accelerator is built, which takes :meth:`stage` for every other case.
+    fast_stage: Callable[..., int | tuple[int] | bytes] = _CStaging._stage_fast if _CStaging is not None else stage
 
     def stage_many(self, n: int, body: memoryview, snapshot: bool = False) -> tuple[int, bool] | None:
         """Append ``n`` records encoded by :meth:`encode_many`, touching no storage: (the

@@ -1451,14 +1451,14 @@ done:
  * Staging is the base type of persistlog._batch_buffer.BatchBuffer where this module is
  * built: it holds the fields an append touches (the buffer's end, the next LSN, the cut
  * rule's two bounds, the blocked flag, the encoder) and the buffer's lock, and
- * ``_stage_fast(record)`` is BatchBuffer.stage()'s usual case as one call: take the lock,
+ * ``_stage_fast(record, snapshot=False)`` is BatchBuffer.stage()'s usual case as one call: take the lock,
  * encode (the depth-checked encoder, returning the buffer's new end), advance the end and
  * the LSN, apply the cut rule, let the lock go. No Python code runs between taking the lock
  * and letting it go but the encoder's, so a KeyboardInterrupt never leaves the lock held:
  * raised inside the encoder, the buffer is marked blocked (its partly encoded record is cut
  * before the next append, by the Python slow path), the lock is let go, and the interrupt
- * propagates as itself. Every other case -- a blocked buffer, a snapshot record, a record
- * over the size limit -- is BatchBuffer.stage()'s, in Python, as where this is not built.
+ * propagates as itself. Every other case -- a blocked buffer, a record over the size
+ * limit -- is BatchBuffer.stage()'s, in Python, as where this is not built.
  *
  * The lock is this object's own (``with self._lock:`` in BatchBuffer: ``_lock`` is the
  * object itself, a context manager); a wait for it can be interrupted, as threading.Lock's. */
@@ -1473,7 +1473,9 @@ typedef struct {
     Py_ssize_t max_record;
     long long next_lsn;
     long long cut_lsn;
+    long long first;
     PyObject *encode;
+    PyObject *snap;
 } Staging;
 
 static PyObject *str_stage, *str_take_back, *str_encode_failed;
@@ -1545,6 +1547,7 @@ static int
 staging_traverse(Staging *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->encode);
+    Py_VISIT(self->snap);
     return 0;
 }
 
@@ -1552,6 +1555,7 @@ static int
 staging_clear(Staging *self)
 {
     Py_CLEAR(self->encode);
+    Py_CLEAR(self->snap);
     return 0;
 }
 
@@ -1585,13 +1589,17 @@ staging_stage_fast(Staging *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "_stage_fast(record, snapshot=False) takes 1 or 2 arguments");
         return NULL;
     }
-    if (nargs == 2 && args[1] != Py_False)
-        return staging_slow(self, args[0], args[1]);
+    int snapshot = 0;
+    if (nargs == 2 && args[1] != Py_False) {
+        if (args[1] != Py_True)
+            return staging_slow(self, args[0], args[1]);
+        snapshot = 1;
+    }
     if (staging_acquire(self) < 0)
         return NULL;
     if (self->blocked || self->encode == NULL) {
         staging_release(self);
-        return staging_slow(self, args[0], Py_False);
+        return staging_slow(self, args[0], snapshot ? Py_True : Py_False);
     }
     PyObject *encode = self->encode;
     Py_INCREF(encode);
@@ -1639,10 +1647,32 @@ staging_stage_fast(Staging *self, PyObject *const *args, Py_ssize_t nargs)
         staging_release(self);
         return data;
     }
-    self->pos = end;
     long long lsn = self->next_lsn;
+    if (snapshot) {
+        /* A snapshot record: its offset from the buffer's first LSN joins the list, before
+         * the record counts (if this fails, the record is cut as an interrupted one). */
+        if (self->snap == NULL || self->snap == Py_None) {
+            PyObject *snap = PyList_New(0);
+            if (snap == NULL) {
+                self->blocked = 1;
+                staging_release(self);
+                return NULL;
+            }
+            Py_XSETREF(self->snap, snap);
+        }
+        PyObject *off = PyLong_FromLongLong(lsn - self->first);
+        if (off == NULL || PyList_Append(self->snap, off) < 0) {
+            Py_XDECREF(off);
+            self->blocked = 1;
+            staging_release(self);
+            return NULL;
+        }
+        Py_DECREF(off);
+    }
+    self->pos = end;
     self->next_lsn = lsn + 1;
-    int due = end >= self->batch_bytes || lsn >= self->cut_lsn;
+    /* The cut rule (BatchBuffer.hand_over_due): the cut LSN is the updates' alone. */
+    int due = end >= self->batch_bytes || (!snapshot && lsn >= self->cut_lsn);
     staging_release(self);
     PyObject *lsn_obj = PyLong_FromLongLong(lsn);
     if (lsn_obj == NULL || !due)
@@ -1693,6 +1723,8 @@ static PyMemberDef staging_members[] = {
     {"_pos", T_PYSSIZET, offsetof(Staging, pos), 0, "the end of the last whole record"},
     {"_batch_bytes", T_PYSSIZET, offsetof(Staging, batch_bytes), 0, "the batch size that hands a batch over"},
     {"_next_lsn", T_LONGLONG, offsetof(Staging, next_lsn), 0, "the LSN the next record gets"},
+    {"_first", T_LONGLONG, offsetof(Staging, first), 0, "the LSN of the buffer's first record"},
+    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' offsets from _first (a list, or None)"},
     {"_cut_lsn", T_LONGLONG, offsetof(Staging, cut_lsn), 0, "the LSN that hands a batch over"},
     {"_blocked", T_BOOL, offsetof(Staging, blocked), 0, "appends take the slow path"},
     {"_enc_encode", T_OBJECT_EX, offsetof(Staging, encode), 0, "encode(record) -> the buffer's new end"},
