@@ -18,6 +18,12 @@ again until the segment writer has it; whatever an interrupted encode left in th
 past ``_pos`` is cut before the next append (``_blocked`` sends it down the slow path,
 :meth:`BatchBuffer._unblock`). A buffer that refuses appends (its log failed or closed)
 stays blocked, and the slow path raises the log's error.
+
+Where the C accelerator is built, the fields an append touches and the lock are those of
+the base type ``_cbor_json.Staging`` (a pure Python base, ``_Staging``, elsewhere), and
+:attr:`BatchBuffer.fast_stage` is its ``_stage_fast``: :meth:`BatchBuffer.stage`'s usual
+case in one C call, which lets the lock go before any error propagates and calls
+:meth:`BatchBuffer.stage` for the rest. Every other method is the same Python on both.
 """
 
 from __future__ import annotations
@@ -119,9 +125,11 @@ class BatchBuffer(_Base):
         record's bytes when they must go through :meth:`append_encoded` (a big record, or
         a buffer grown past a record's limit).
 
-        The hot path of ``Log.update()`` and ``AsyncLog.update()``: one encode inside a
-        short critical section, the cut rule inlined (it is :meth:`hand_over_due`'s), and
-        in the usual case a plain int returned (no tuple to build and take apart).
+        The hot path of ``Log.update()`` and ``AsyncLog.update()`` (through
+        :attr:`fast_stage`; where the accelerator is built, its slow path): one encode
+        inside a short critical section, the cut rule inlined (it is
+        :meth:`hand_over_due`'s), and in the usual case a plain int returned (no tuple to
+        build and take apart).
         """
         with self._lock:
             if self._blocked:
