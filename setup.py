@@ -1,7 +1,9 @@
-"""The one thing setup.cfg cannot say: the optional C accelerator for records as JSON.
+"""The one thing setup.cfg cannot say: the optional C accelerator for records as JSON
+and for the batch buffer's append.
 
 Without a compiler the build goes on without it, and the same text comes from the
-Python path (persistlog/_jsonify.py), only slower.
+Python path (persistlog/_jsonify.py), and the same appends from persistlog/_batch_buffer.py,
+only slower.
 """
 
 from setuptools import Extension, setup

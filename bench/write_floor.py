@@ -3,7 +3,8 @@
 Not part of ``make bench``: it times the pieces of both loops on the same records, each
 alone, in CPU nanoseconds per record (best of REPEATS, round-robin), so that the ratio
 ``update()`` / naive loop of the ``shapes`` group can be read as a sum of parts.
-bench/README.md quotes a run.
+bench/README.md quotes a run. ``PERSISTLOG_PURE=1`` hides the C accelerator (the paths
+taken where it is not built).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+if os.environ.get("PERSISTLOG_PURE") == "1":
+    sys.modules["persistlog._cbor_json"] = None  # type: ignore[assignment]
+
 import cbor2
 
 import persistlog
 from persistlog import Codec
+from persistlog._batch_buffer import BatchBuffer
 
 import baselines
 import shapes
@@ -63,6 +68,17 @@ def _encode_into_buffer(records: Sequence[Any], checked: bool) -> None:
             tell()
 
 
+def _staging_alone(records: Sequence[Any]) -> None:
+    """The batch buffer's staging call as ``update()`` makes it (in C where the accelerator
+    is built): lock, encode, end and LSN, cut rule; a full batch is only dropped."""
+    buffer = BatchBuffer(Codec(), 1, 1 << 20, eager=False)
+    stage = buffer.fast_stage
+    for r in records:
+        if type(stage(r)) is not int:
+            buffer.detach()
+            buffer.handed_over()
+
+
 def _lock_alone(records: Sequence[Any]) -> None:
     lock = threading.Lock()
     for _r in records:
@@ -95,6 +111,7 @@ def main() -> None:
                 "  cbor2.dumps": lambda: _dumps_alone(dumps, records),
                 "  header + CRC + write": lambda: _naive_framing(encoded, os.path.join(tmp, "framing")),
                 "update()": lambda: _update_loop(records, os.path.join(tmp, f"log-{time.monotonic_ns()}")),
+                "  the batch buffer's staging call": lambda: _staging_alone(records),
                 "  encode into the batch buffer, depth check, tell": lambda: _encode_into_buffer(records, True),
                 "  the same without the depth check": lambda: _encode_into_buffer(records, False),
                 "  `with lock:` around nothing": lambda: _lock_alone(records),

@@ -68,11 +68,13 @@ class AsyncLog:
         self._log = lg
         self._parts = parts = parts_of(lg)
         # The parts the hot path calls, one attribute away.
-        self._stage = parts.buffer.stage
+        self._stage = parts.buffer.fast_stage
         self._writer = parts.writer
+        self._sync_each = parts.writer.sync_each
         self._rotator = parts.rotator
         self._loop = loop
         self._commit = LoopCommit(lg, parts.writer, loop, f"persistlog-commit {lg.url}")
+        self._register = self._commit.register
         self._signal: int | None = None
 
     # -- writing ------------------------------------------------------------------------
@@ -92,18 +94,16 @@ class AsyncLog:
             # The hot path, as Log.update's: the buffer's one fast append, then the
             # writer's hand-over rule (BatchWriter.waits) inlined, its commit the loop's.
             staged = self._stage(record)
-            if isinstance(staged, int):
-                lsn, due = staged, False
-            elif isinstance(staged, tuple):
+            if type(staged) is tuple:  # the batch is handed over (every call's in fsync mode)
                 lsn, due = staged[0], True
+            elif type(staged) is int:
+                lsn, due = staged, False
             else:
                 # Too big for the buffer as it stands: the slow path may write a batch first.
                 lsn, due = await self._offload(writer.staged, staged)
             if sync or due:
                 # _written(), inlined: one coroutine less per awaited record (the hot path).
-                fut = self._commit.request(lsn, bool(sync) or writer.sync_each)
-                if fut is not None:
-                    await fut
+                await self._register(lsn, sync is True or self._sync_each)
             elif not writer.flush_armed:
                 writer.arm_flush()
             return lsn

@@ -18,6 +18,12 @@ again until the segment writer has it; whatever an interrupted encode left in th
 past ``_pos`` is cut before the next append (``_blocked`` sends it down the slow path,
 :meth:`BatchBuffer._unblock`). A buffer that refuses appends (its log failed or closed)
 stays blocked, and the slow path raises the log's error.
+
+Where the C accelerator is built, the fields an append touches and the lock are those of
+the base type ``_cbor_json.Staging`` (a pure Python base, ``_Staging``, elsewhere), and
+:attr:`BatchBuffer.fast_stage` is its ``_stage_fast``: :meth:`BatchBuffer.stage`'s usual
+case in one C call, which lets the lock go before any error propagates and calls
+:meth:`BatchBuffer.stage` for the rest. Every other method is the same Python on both.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import _format as F
 from ._codec import Codec, check_depth, encode_error, records_list
@@ -50,25 +56,52 @@ def _array_header_len(n: int) -> int:
     return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
 
 
-class BatchBuffer:
+class _Staging:
+    """The fields an append touches and the buffer's lock, where the C accelerator is not
+    built (there, ``_cbor_json.Staging`` holds them, and adds ``_stage_fast``)."""
+
+    __slots__ = ("_lock", "_enc_encode", "_pos", "_first", "_snap", "_blocked", "_next_lsn", "_batch_bytes", "_cut_lsn")
+
+    _lock: threading.Lock
+    _enc_encode: Callable[[Any], int]
+    _pos: int
+    _first: int
+    _snap: list[int] | None
+    _blocked: bool
+    _next_lsn: int
+    _batch_bytes: int
+    _cut_lsn: int
+
+    def __init__(self, max_record: int) -> None:
+        self._lock = threading.Lock()
+
+
+try:
+    from ._cbor_json import Staging as _CStaging
+except ImportError:  # built without a C compiler (or before the type existed)
+    _CStaging = None
+if TYPE_CHECKING:
+    _Base = _Staging
+else:
+    _Base = _CStaging or _Staging
+
+
+class BatchBuffer(_Base):
     """Records appended and not yet detached for a batch, their LSNs, and the cut rule."""
 
-    __slots__ = (
-        "_lock", "_codec", "_fp", "_enc_encode", "_pos", "_first", "_snap", "_blocked", "_refusal",
-        "_next_lsn", "_full", "_batch_bytes", "_cut_lsn", "_eager", "_taking", "_taking_batch",
-    )
+    __slots__ = ("_codec", "_fp", "_refusal", "_full", "_eager", "_taking", "_taking_batch")
 
     def __init__(self, codec: Codec, next_lsn: int, batch_bytes: int, eager: bool) -> None:
         """An empty buffer whose first record gets ``next_lsn``; batches of ``batch_bytes``;
         with ``eager`` (``flush`` and ``fsync`` modes) every call hands its batch over."""
-        self._lock = threading.Lock()
+        super().__init__(_MAX_RECORD)
         self._codec = codec
         # Made at the first append: a log that is never written holds no buffer.
         self._fp: io.BytesIO | None = None
-        self._enc_encode: Callable[[Any], int] = self._start_encoder  # returns the buffer's new end
+        self._enc_encode = self._start_encoder  # returns the buffer's new end
         self._pos = 0  # the end of the last whole record
         self._first = next_lsn  # the LSN of the buffer's first record
-        self._snap: list[int] | None = None  # snapshot records' offsets from _first
+        self._snap = None  # snapshot records' offsets from _first
         self._blocked = False  # refusing or interrupted: the slow path sorts it out
         self._refusal: Callable[[], None] | None = None  # raises the log's failed/closed error
         self._next_lsn = next_lsn
@@ -81,15 +114,22 @@ class BatchBuffer:
 
     # -- appending ------------------------------------------------------------------------
 
+    @property
+    def accelerated(self) -> bool:
+        """Whether :attr:`fast_stage` is the C one."""
+        return _CStaging is not None
+
     def stage(self, record: Any, snapshot: bool = False) -> int | tuple[int] | bytes:
         """Encode one record into the buffer, touching no storage. Returns its LSN; or
         ``(lsn,)`` when the call must hand the batch over (:meth:`hand_over_due`); or the
         record's bytes when they must go through :meth:`append_encoded` (a big record, or
         a buffer grown past a record's limit).
 
-        The hot path of ``Log.update()`` and ``AsyncLog.update()``: one encode inside a
-        short critical section, the cut rule inlined (it is :meth:`hand_over_due`'s), and
-        in the usual case a plain int returned (no tuple to build and take apart).
+        The hot path of ``Log.update()`` and ``AsyncLog.update()`` (through
+        :attr:`fast_stage`; where the accelerator is built, its slow path): one encode
+        inside a short critical section, the cut rule inlined (it is
+        :meth:`hand_over_due`'s), and in the usual case a plain int returned (no tuple to
+        build and take apart).
         """
         with self._lock:
             if self._blocked:
@@ -99,7 +139,7 @@ class BatchBuffer:
             except BaseException as e:
                 self._blocked = True  # what was encoded of it is cut before the next append
                 if isinstance(e, Exception):
-                    raise encode_error(e) from None
+                    self._encode_failed(e)
                 raise
             if end > _MAX_RECORD:
                 self._blocked = True  # cut by the next append if interrupted from here
@@ -114,6 +154,11 @@ class BatchBuffer:
                 return (lsn,) if end >= self._batch_bytes else lsn
             self._next_lsn = lsn + 1
         return (lsn,) if end >= self._batch_bytes or lsn >= self._cut_lsn else lsn
+
+    #: The callable ``Log.update()``, ``AsyncLog.update()`` and ``BatchWriter.emit`` stage a
+    #: record with: :meth:`stage`, as one C call (lock, encode, end and LSN, cut rule) where
+    #: the accelerator is built, which takes :meth:`stage` for every other case.
+    fast_stage: Callable[..., int | tuple[int] | bytes] = _CStaging._stage_fast if _CStaging is not None else stage
 
     def stage_many(self, n: int, body: memoryview, snapshot: bool = False) -> tuple[int, bool] | None:
         """Append ``n`` records encoded by :meth:`encode_many`, touching no storage: (the
@@ -307,6 +352,10 @@ class BatchBuffer:
         fp = self._fp if self._fp is not None else self._buffer()
         self._enc_encode = self._codec.record_encoder(fp)
         return self._enc_encode(record)
+
+    def _encode_failed(self, e: Exception) -> NoReturn:
+        """Raise the error an encoder's ``e`` means to the app (``TypeError``...)."""
+        raise encode_error(e) from None
 
     def _unblock(self) -> None:
         """The slow path of an append (holds ``_lock``): raise if refusing, else cut what an

@@ -281,11 +281,11 @@ class BatchWriter:
         """Append a snapshot record (from the enumerate callback)."""
         shared = self._shared
         if shared is None or shared.passes_over():
-            staged = self._buffer.stage(record, True)
+            staged = self._buffer.fast_stage(record, True)
         else:
             # Staged and hinted with no batch framed in between (framing holds io_lock).
             with self.io_lock:
-                staged = self._buffer.stage(record, True)
+                staged = self._buffer.fast_stage(record, True)
                 if not isinstance(staged, bytes):
                     shared.hint(staged if isinstance(staged, int) else staged[0], (record,))
         lsn, full = self.staged(staged, True)

@@ -15,10 +15,14 @@
  * Every length read from the input is checked against the bytes left before it is used;
  * nothing is allocated from a length the input declares. The output grows as it is
  * written.
+ *
+ * The module also holds the writer's C paths: the nesting depth of a value before it is
+ * encoded, and Staging, the batch buffer's append in one call (at the end of the file).
  */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -1442,6 +1446,312 @@ done:
     return list;
 }
 
+/* -- the batch buffer's hot path ----------------------------------------------------------
+ *
+ * Staging is the base type of persistlog._batch_buffer.BatchBuffer where this module is
+ * built: it holds the fields an append touches (the buffer's end, the next LSN, the cut
+ * rule's two bounds, the blocked flag, the encoder) and the buffer's lock, and
+ * ``_stage_fast(record, snapshot=False)`` is BatchBuffer.stage()'s usual case as one call: take the lock,
+ * encode (the depth-checked encoder, returning the buffer's new end), advance the end and
+ * the LSN, apply the cut rule, let the lock go. No Python code runs between taking the lock
+ * and letting it go but the encoder's, so a KeyboardInterrupt never leaves the lock held:
+ * raised inside the encoder, the buffer is marked blocked (its partly encoded record is cut
+ * before the next append, by the Python slow path), the lock is let go, and the interrupt
+ * propagates as itself. Every other case -- a blocked buffer, a record over the size
+ * limit -- is BatchBuffer.stage()'s, in Python, as where this is not built.
+ *
+ * The lock is this object's own (``with self._lock:`` in BatchBuffer: ``_lock`` is the
+ * object itself, a context manager); a wait for it can be interrupted, as threading.Lock's. */
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    char locked;
+    char blocked;
+    Py_ssize_t pos;
+    Py_ssize_t batch_bytes;
+    Py_ssize_t max_record;
+    long long next_lsn;
+    long long cut_lsn;
+    long long first;
+    PyObject *encode;
+    PyObject *snap;
+} Staging;
+
+static PyObject *str_stage, *str_take_back, *str_encode_failed;
+
+static int
+staging_acquire(Staging *self)
+{
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        for (;;) {
+            PyLockStatus r;
+            Py_BEGIN_ALLOW_THREADS
+            r = PyThread_acquire_lock_timed(self->lock, -1, 1);
+            Py_END_ALLOW_THREADS
+            if (r == PY_LOCK_ACQUIRED)
+                break;
+            if (r == PY_LOCK_INTR) {
+                /* A signal: run its handler, which may raise (KeyboardInterrupt). */
+                if (Py_MakePendingCalls() < 0)
+                    return -1;
+                continue;
+            }
+            PyErr_SetString(PyExc_RuntimeError, "cannot take the batch buffer's lock");
+            return -1;
+        }
+    }
+    self->locked = 1;
+    return 0;
+}
+
+static void
+staging_release(Staging *self)
+{
+    self->locked = 0;
+    PyThread_release_lock(self->lock);
+}
+
+static PyObject *
+staging_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Staging *self = (Staging *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    self->max_record = PY_SSIZE_T_MAX;
+    return (PyObject *)self;
+}
+
+static int
+staging_init(Staging *self, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t max_record;
+    static char *kwlist[] = {"max_record", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:Staging", kwlist, &max_record))
+        return -1;
+    if (max_record < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_record must not be negative");
+        return -1;
+    }
+    self->max_record = max_record;
+    return 0;
+}
+
+static int
+staging_traverse(Staging *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->encode);
+    Py_VISIT(self->snap);
+    return 0;
+}
+
+static int
+staging_clear(Staging *self)
+{
+    Py_CLEAR(self->encode);
+    Py_CLEAR(self->snap);
+    return 0;
+}
+
+/* Only ever the base of BatchBuffer (a heap type): subtype_dealloc lets the type go. */
+static void
+staging_dealloc(Staging *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    staging_clear(self);
+    if (self->lock != NULL) {
+        if (self->locked)
+            PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    tp->tp_free((PyObject *)self);
+}
+
+/* The slow path: BatchBuffer.stage(record, snapshot), which takes the lock itself. */
+static PyObject *
+staging_slow(Staging *self, PyObject *record, PyObject *snapshot)
+{
+    PyObject *args[3] = {(PyObject *)self, record, snapshot};
+    return PyObject_VectorcallMethod(str_stage, args, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static PyObject *
+staging_stage_fast(Staging *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_stage_fast(record, snapshot=False) takes 1 or 2 arguments");
+        return NULL;
+    }
+    int snapshot = 0;
+    if (nargs == 2 && args[1] != Py_False) {
+        if (args[1] != Py_True)
+            return staging_slow(self, args[0], args[1]);
+        snapshot = 1;
+    }
+    if (staging_acquire(self) < 0)
+        return NULL;
+    if (self->blocked || self->encode == NULL) {
+        staging_release(self);
+        return staging_slow(self, args[0], snapshot ? Py_True : Py_False);
+    }
+    PyObject *encode = self->encode;
+    Py_INCREF(encode);
+    PyObject *endobj = PyObject_Vectorcall(encode, args, 1, NULL);
+    Py_DECREF(encode);
+    Py_ssize_t end = -1;
+    if (endobj != NULL) {
+        end = PyLong_AsSsize_t(endobj);
+        Py_DECREF(endobj);
+    }
+    if (end < 0) {
+        /* The encoder failed, or was interrupted: what it wrote of the record is cut
+         * before the next append. */
+        self->blocked = 1;
+        staging_release(self);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "the record encoder returned a negative position");
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;  /* KeyboardInterrupt, SystemExit...: as themselves */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(value, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+        /* raises the encode error made of it (BatchBuffer._encode_failed) */
+        PyObject *r = PyObject_CallMethodOneArg((PyObject *)self, str_encode_failed, value);
+        Py_DECREF(value);
+        Py_XDECREF(r);
+        if (r != NULL) {
+            PyErr_SetString(PyExc_SystemError, "_encode_failed returned");
+        }
+        return NULL;
+    }
+    if (end > self->max_record) {
+        /* Too big for the buffer: its bytes go through the slow path's append_encoded(). */
+        self->blocked = 1;
+        PyObject *pos = PyLong_FromSsize_t(self->pos), *endo = PyLong_FromSsize_t(end);
+        PyObject *data = NULL;
+        if (pos != NULL && endo != NULL)
+            data = PyObject_CallMethodObjArgs((PyObject *)self, str_take_back, pos, endo, NULL);
+        Py_XDECREF(pos);
+        Py_XDECREF(endo);
+        staging_release(self);
+        return data;
+    }
+    long long lsn = self->next_lsn;
+    if (snapshot) {
+        /* A snapshot record: its offset from the buffer's first LSN joins the list, before
+         * the record counts (if this fails, the record is cut as an interrupted one). */
+        if (self->snap == NULL || self->snap == Py_None) {
+            PyObject *snap = PyList_New(0);
+            if (snap == NULL) {
+                self->blocked = 1;
+                staging_release(self);
+                return NULL;
+            }
+            Py_XSETREF(self->snap, snap);
+        }
+        PyObject *off = PyLong_FromLongLong(lsn - self->first);
+        if (off == NULL || PyList_Append(self->snap, off) < 0) {
+            Py_XDECREF(off);
+            self->blocked = 1;
+            staging_release(self);
+            return NULL;
+        }
+        Py_DECREF(off);
+    }
+    self->pos = end;
+    self->next_lsn = lsn + 1;
+    /* The cut rule (BatchBuffer.hand_over_due): the cut LSN is the updates' alone. */
+    int due = end >= self->batch_bytes || (!snapshot && lsn >= self->cut_lsn);
+    staging_release(self);
+    PyObject *lsn_obj = PyLong_FromLongLong(lsn);
+    if (lsn_obj == NULL || !due)
+        return lsn_obj;
+    PyObject *t = PyTuple_New(1);
+    if (t == NULL) {
+        Py_DECREF(lsn_obj);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, lsn_obj);
+    return t;
+}
+
+static PyObject *
+staging_enter(Staging *self, PyObject *unused)
+{
+    if (staging_acquire(self) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *
+staging_exit(Staging *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (!self->locked) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    staging_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+staging_get_lock(Staging *self, void *closure)
+{
+    return Py_NewRef(self);
+}
+
+static PyMethodDef staging_methods[] = {
+    {"_stage_fast", (PyCFunction)(void (*)(void))staging_stage_fast, METH_FASTCALL,
+     "_stage_fast(record, snapshot=False): stage(record, snapshot), its usual case in C."},
+    {"__enter__", (PyCFunction)staging_enter, METH_NOARGS, "Take the buffer's lock."},
+    {"__exit__", (PyCFunction)(void (*)(void))staging_exit, METH_FASTCALL, "Let the buffer's lock go."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef staging_members[] = {
+    {"_pos", T_PYSSIZET, offsetof(Staging, pos), 0, "the end of the last whole record"},
+    {"_batch_bytes", T_PYSSIZET, offsetof(Staging, batch_bytes), 0, "the batch size that hands a batch over"},
+    {"_next_lsn", T_LONGLONG, offsetof(Staging, next_lsn), 0, "the LSN the next record gets"},
+    {"_first", T_LONGLONG, offsetof(Staging, first), 0, "the LSN of the buffer's first record"},
+    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' offsets from _first (a list, or None)"},
+    {"_cut_lsn", T_LONGLONG, offsetof(Staging, cut_lsn), 0, "the LSN that hands a batch over"},
+    {"_blocked", T_BOOL, offsetof(Staging, blocked), 0, "appends take the slow path"},
+    {"_enc_encode", T_OBJECT_EX, offsetof(Staging, encode), 0, "encode(record) -> the buffer's new end"},
+    {NULL},
+};
+
+static PyGetSetDef staging_getset[] = {
+    {"_lock", (getter)staging_get_lock, NULL, "the buffer's lock (a context manager: this object)", NULL},
+    {NULL},
+};
+
+static PyTypeObject StagingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "persistlog._cbor_json.Staging",
+    .tp_doc = PyDoc_STR("Staging(max_record): the batch buffer's hot fields, its lock, and _stage_fast()."),
+    .tp_basicsize = sizeof(Staging),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = staging_new,
+    .tp_init = (initproc)staging_init,
+    .tp_dealloc = (destructor)staging_dealloc,
+    .tp_traverse = (traverseproc)staging_traverse,
+    .tp_clear = (inquiry)staging_clear,
+    .tp_methods = staging_methods,
+    .tp_members = staging_members,
+    .tp_getset = staging_getset,
+};
+
 static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
     {"nesting_depth", (PyCFunction)(void (*)(void))nesting_depth, METH_FASTCALL, nesting_depth_doc},
@@ -1462,5 +1772,21 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__cbor_json(void)
 {
-    return PyModule_Create(&module);
+    str_stage = PyUnicode_InternFromString("stage");
+    str_take_back = PyUnicode_InternFromString("_take_back");
+    str_encode_failed = PyUnicode_InternFromString("_encode_failed");
+    if (str_stage == NULL || str_take_back == NULL || str_encode_failed == NULL)
+        return NULL;
+    if (PyType_Ready(&StagingType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&StagingType);
+    if (PyModule_AddObject(m, "Staging", (PyObject *)&StagingType) < 0) {
+        Py_DECREF(&StagingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

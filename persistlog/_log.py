@@ -221,7 +221,7 @@ class Log:
         # In flush and fsync modes every call hands its batch over at once ("eager").
         self._buffer = buffer = BatchBuffer(codec, next_lsn, settings.batch_bytes, settings.durability != "buffered")
         # The hot path of update(): the buffer's one fast append (see BatchBuffer.stage).
-        self._stage = buffer.stage
+        self._stage = buffer.fast_stage
         self._writer = writer = BatchWriter(
             dest,
             buffer,

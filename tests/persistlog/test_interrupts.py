@@ -16,18 +16,22 @@ from typing import Any
 import pytest
 
 import persistlog
+from childproc import run_json
 from crashsim import CrashSim
 from log_files import is_sealed_log
 
 PROCS = Path(__file__).parent / "procs"
 
 
-def _interrupt_repeatedly(tmp_path: Path, durability: str, seconds: float) -> tuple[dict[str, Any], list[Any]]:
+def _interrupt_repeatedly(
+    tmp_path: Path, durability: str, seconds: float, path: str = "c"
+) -> tuple[dict[str, Any], list[Any]]:
     url = str(tmp_path / "log")
     stop, result = tmp_path / "stop", tmp_path / "result.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROCS), os.environ.get("PYTHONPATH", "")])}
+    pure = ["pure"] if path == "pure" else []
     child = subprocess.Popen(
-        [sys.executable, str(PROCS / "interrupted_writer.py"), url, durability, str(stop), str(result)],
+        [sys.executable, str(PROCS / "interrupted_writer.py"), url, durability, str(stop), str(result), *pure],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     assert child.stdout is not None
@@ -49,20 +53,101 @@ def _interrupt_repeatedly(tmp_path: Path, durability: str, seconds: float) -> tu
     assert child.returncode == 0, err
     report = json.loads(result.read_text())
     assert report["interrupts"] >= min(50, sent // 10), (report, sent)
+    assert report["accelerated"] is (path == "c"), report
     records: list[Any] = []
     restored = persistlog.restore(url, records.append)
     assert restored.torn_tail is None and is_sealed_log(url, restored.logs[-1])
     return report, records
 
 
+try:
+    from persistlog._cbor_json import Staging  # noqa: F401
+
+    ACCELERATED = True
+except ImportError:
+    ACCELERATED = False
+
+#: update()'s staging in C (where the accelerator is built) and in Python.
+PATHS = [
+    pytest.param("c", marks=pytest.mark.skipif(not ACCELERATED, reason="the C accelerator is not built")),
+    "pure",
+]
+
+_ENCODER_INTERRUPTED = """
+import json, sys, threading
+import persistlog
+
+url = sys.argv[1]
+codec = persistlog.Codec()
+calls = {"n": 0}
+
+
+class Part:
+    pass
+
+
+def encode(part):
+    calls["n"] += 1
+    if calls["n"] == 1:
+        raise KeyboardInterrupt("inside the encoder")
+    if calls["n"] == 2:
+        raise ValueError("the app's encoder failed")
+    return {}
+
+
+codec.register("part", Part, encode=encode, decode=lambda fields: Part())
+lg = persistlog.open(url, lambda emit: None, codec=codec)
+out = {"accelerated": lg._buffer.accelerated, "lsns": [lg.update({"i": 0})]}
+try:
+    lg.update({"pad": "x" * 300, "part": Part(), "after": "y" * 300})
+except KeyboardInterrupt as e:
+    out["interrupt"] = str(e)
+try:
+    lg.update({"pad": "z" * 300, "part": Part()})
+except TypeError as e:
+    out["type_error"] = str(e)
+out["lsns"].append(lg.update({"i": 1}))
+# The lock is free for another thread too.
+worker = threading.Thread(target=lambda: out["lsns"].append(lg.update({"i": 2})))
+worker.start()
+worker.join(10)
+out["worker_done"] = not worker.is_alive()
+out["lsns"].append(lg.update({"i": 3, "part": Part()}, sync=True))
+lg.close()
+records = []
+persistlog.restore(url, records.append, codec=codec)
+out["records"] = [sorted(r) for r in records]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_interruption_inside_the_encoder_leaves_nothing_half_staged(tmp_path: Path, path: str) -> None:
+    """A KeyboardInterrupt raised inside a record's encoding (a Codec encode function, on
+    the main thread, after part of the record is in the batch buffer) propagates as
+    itself, leaves the buffer's lock free (the next update, and another thread's, go
+    through) and nothing of the record in the log; an app's encoder error is a
+    ``TypeError`` likewise. On both paths of update()'s staging."""
+    out = run_json(_ENCODER_INTERRUPTED, str(tmp_path / "log"), hide=["persistlog._cbor_json"] if path == "pure" else [])
+    assert out["accelerated"] is (path == "c")
+    assert out["interrupt"] == "inside the encoder"
+    assert "the app's encoder failed" in out["type_error"]
+    assert out["worker_done"]
+    assert out["lsns"] == [1, 2, 3, 4]
+    assert out["records"] == [["i"], ["i"], ["i"], ["i", "part"]]
+
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("durability", ["fsync", "flush", "buffered"])
-def test_sigint_during_updates_propagates_and_loses_nothing(tmp_path: Path, durability: str) -> None:
+def test_sigint_during_updates_propagates_and_loses_nothing(tmp_path: Path, durability: str, path: str) -> None:
     """SIGINT over and over during update()/update_many()/sync()/rotate(): every
     KeyboardInterrupt reaches the app as itself, the app goes on with the same Log and
     closes it, and the restore holds every acknowledged record, in order, with no hole
-    (an interrupted record may be there once more, as the app tried it again)."""
-    report, records = _interrupt_repeatedly(tmp_path, durability, seconds=4.0)
+    (an interrupted record may be there once more, as the app tried it again). On both
+    paths of update()'s staging: in C, and in Python."""
+    report, records = _interrupt_repeatedly(tmp_path, durability, seconds=4.0, path=path)
     acked = report["acked"]
     # The restore starts at the newest complete log: updates written between its start and
     # its snapshot record come first, and the snapshot covers them (or they are attempts,

@@ -1,12 +1,13 @@
 """A writer process the test interrupts with SIGINT over and over, as Ctrl-C would.
 
-``python interrupted_writer.py URL DURABILITY STOPFILE RESULT``: opens URL (restoring it
+``python interrupted_writer.py URL DURABILITY STOPFILE RESULT [pure]``: opens URL (restoring it
 first), prints ``READY``, then logs numbered records ``{"i": i}`` (with an ``update_many``,
 a ``sync()`` and a ``rotate()`` now and then, and rotations by record count) until STOPFILE
 exists. A KeyboardInterrupt is caught and the same record tried again; ``i`` moves on only
 once ``update()`` returned (the record is acknowledged). An enumeration writes
 ``{"upto": i}``: every record before ``i`` was acknowledged. Then it closes (trying again if
-interrupted) and writes RESULT: ``{"acked": n, "interrupts": k}``.
+interrupted) and writes RESULT: ``{"acked": n, "interrupts": k, "accelerated": bool}``.
+With ``pure``, the C accelerator is hidden: the Python path of every hot call is taken.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from results import dump
 
 def main() -> None:
     url, durability, stop_file, result_file = sys.argv[1:5]
+    if sys.argv[5:] == ["pure"]:
+        sys.modules["persistlog._cbor_json"] = None  # type: ignore[assignment]
     import persistlog
 
     state = {"i": 0, "interrupts": 0, "armed": False}
@@ -74,7 +77,8 @@ def main() -> None:
             interruptible(lg.rotate, lock=contextlib.nullcontext())  # the enumeration takes app_lock
     while not interruptible(lg.close, lock=contextlib.nullcontext()):  # close waits for an enumeration
         pass
-    dump(result_file, {"acked": state["i"], "interrupts": state["interrupts"]})
+    accelerated = lg._buffer.accelerated
+    dump(result_file, {"acked": state["i"], "interrupts": state["interrupts"], "accelerated": accelerated})
 
 
 if __name__ == "__main__":
