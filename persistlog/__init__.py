@@ -37,7 +37,8 @@ from ._errors import (
 )
 from ._cursor import Cursor
 from ._follower import FollowedBatch, Follower, Lag, follow
-from ._format import FORMAT_VERSION
+from ._format import SEGMENT_VERSIONS
+from ._format import WRITTEN_VERSION as FORMAT_VERSION
 from ._log import Log
 from ._log_set import LogSet, LogSetOptions
 from ._range import LoggedRecord, read
@@ -49,7 +50,8 @@ from ._queue import Message, Queue
 from ._store import ResourceStore
 from ._version import package_version
 
-#: The installed package's version (the format's is ``FORMAT_VERSION``).
+#: The installed package's version. ``FORMAT_VERSION`` is the format version new logs are
+#: written in with the default options; ``SEGMENT_VERSIONS`` every version this package reads.
 __version__ = package_version()
 del package_version
 
@@ -90,6 +92,7 @@ __all__ = [
     "ResetRequired",
     "ResourceStore",
     "RestoreResult",
+    "SEGMENT_VERSIONS",
     "SecondaryLag",
     "StoreOptions",
     "TornTail",

@@ -1,4 +1,4 @@
-"""Format v1 constants, in one place. ``docs/FORMAT.md`` is the specification; keep the two
+"""The format's constants (versions 1 to 3), in one place. ``docs/FORMAT.md`` is the specification; keep the two
 in step (``tests/persistlog/test_format_doc.py`` checks the numbers the doc states)."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ CHAINED_VERSION = 2
 # string repeated across records is stored once per log and referenced after that.
 SHARED_VERSION = 3
 SEGMENT_VERSIONS = (FORMAT_VERSION, CHAINED_VERSION, SHARED_VERSION)
+# What a writer writes with the default options (hash_chain=False writes 1, share_values=False 2).
+WRITTEN_VERSION = SHARED_VERSION
 
 # Segment header: magic, version, header length, segment number, log seq, first LSN,
 # reserved, CRC-32 of everything before it.

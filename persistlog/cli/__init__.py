@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from .. import FORMAT_VERSION, __version__
+from .. import FORMAT_VERSION, SEGMENT_VERSIONS, __version__
 from . import dump, info, repair, restore_check, tail, verify
 from ._console import EXIT_USAGE, fail, guarded, logging_to_stderr
 from ._options import common_options
@@ -82,7 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"persistlog {__version__} (format v{FORMAT_VERSION})")
+    parser.add_argument("--version", action="version", version=f"persistlog {__version__} (writes format v{FORMAT_VERSION}, "
+                        f"reads v{min(SEGMENT_VERSIONS)}-v{max(SEGMENT_VERSIONS)})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = common_options()
     for command in COMMANDS:

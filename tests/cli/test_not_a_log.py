@@ -120,7 +120,8 @@ def test_version_names_the_package_and_the_format() -> None:
     run = cli_subprocess("--version")
     assert run.status == 0
     version = importlib.metadata.version("persistlog")
-    assert run.out.strip() == f"persistlog {version} (format v{persistlog.FORMAT_VERSION})"
+    assert run.out.strip() == f"persistlog {version} (writes format v3, reads v1-v3)"
+    assert persistlog.FORMAT_VERSION == 3 and persistlog.SEGMENT_VERSIONS == (1, 2, 3)
 
 
 def test_restore_check_labels_log_seqs_as_seqs(logdir: str) -> None:
