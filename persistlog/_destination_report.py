@@ -262,6 +262,17 @@ class DestinationReport:
         return [p for p in self.all_problems() if p.kind == CORRUPT]
 
     @property
+    def restore_fails_at(self) -> Problem | None:
+        """The first corruption in a log a strict restore reads (from ``restore_from`` on,
+        but the logs it leaves out): where ``restore()`` raises ``CorruptLogError``."""
+        if self.restore_from is None:
+            return None
+        for p in self.corrupt:
+            if p.log is not None and p.log >= self.restore_from and p.log not in self.restore_skips:
+                return p
+        return None
+
+    @property
     def warnings(self) -> list[Problem]:
         return [p for p in self.all_problems() if p.kind == WARNING]
 
@@ -296,6 +307,7 @@ class DestinationReport:
             "restore_last_commit_us": self.restore_last_commit_us,
             "gaps": self.gaps,
             "restore_skips": self.restore_skips,
+            "restore_fails_at": None if self.restore_fails_at is None else self.restore_fails_at.to_dict(),
             "logs": [lg.to_dict() for lg in self.logs],
             "records_checked": self.records_checked,
             "problems": [p.to_dict() for p in self.all_problems()],

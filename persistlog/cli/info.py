@@ -107,6 +107,8 @@ def reach_text(report: DestinationReport) -> str:
         text = "no record"
     else:
         text = f"LSN {report.restore_last_lsn}, committed {fmt_time(report.restore_last_commit_us)}"
+        if report.restore_fails_at is not None:
+            text += ' (only with recovery="skip")'
     if report.restore_skips:
         text += (f"; log(s) {', '.join(map(str, report.restore_skips))} follow a gap its writer left and "
                  "are not restored until one of them is complete")
@@ -143,6 +145,10 @@ def print_report(report: DestinationReport) -> None:
     if report.restore_from is not None:
         how = "a complete log" if report.restore_complete else "NO complete log: replays every log from the oldest"
         print(f"restore      starts at log {report.restore_from} ({how})")
+        fails = report.restore_fails_at
+        if fails is not None:
+            print(f"             and FAILS at {fails.where()}: corruption (restore(recovery=\"skip\") passes "
+                  "over it, losing what it held; `persistlog repair` cuts it)")
         print(f"reaches      {reach_text(report)}")
     print()
     rows = [("LOG", "STATE", "SEGS", "BYTES", "RECORDS", "LSN", "FIRST COMMIT", "LAST COMMIT")]

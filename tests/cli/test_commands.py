@@ -146,6 +146,21 @@ def test_verify_reports_corruption_with_its_location(logdir: str) -> None:
     assert data["problems"][0]["offset"] == victim.offset
 
 
+def test_info_says_where_a_strict_restore_fails(logdir: str) -> None:
+    assert json.loads(cli("info", logdir, "--json").out)["restore_fails_at"] is None
+    newest = max(int(n[:20]) for n in os.listdir(logdir) if n.endswith(".plog"))
+    victim = corrupt_middle(logdir, log=newest)
+    run = cli("info", logdir)
+    assert run.status == 1
+    assert f"FAILS at log {newest} segment {victim.segment} offset {victim.offset}: corruption" in run.out
+    assert 'only with recovery="skip"' in run.out
+    fails = json.loads(cli("info", logdir, "--json").out)["restore_fails_at"]
+    assert (fails["log"], fails["offset"]) == (newest, victim.offset)
+    with pytest.raises(persistlog.CorruptLogError) as e:
+        persistlog.restore(logdir, lambda r: None)
+    assert (e.value.log, e.value.offset) == (newest, victim.offset)
+
+
 def test_verify_finds_a_gap_in_the_seq_chain(logdir: str) -> None:
     for name in os.listdir(logdir):
         if name.startswith("00000000000000000002-"):
