@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -173,16 +174,35 @@ def keyring(keys: KeyProvider | Keyring | None) -> Keyring | None:
     return Keyring(keys)
 
 
+def _import_here(module: str) -> Any:
+    """``module``, imported from ``sys.path`` or else from the current directory."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        here = os.getcwd()
+        top = module.split(".")[0]
+        if e.name != top or here in sys.path or "" in sys.path:
+            raise
+    sys.path.append(here)
+    try:
+        return importlib.import_module(module)
+    finally:
+        sys.path.remove(here)
+
+
 def provider_named(spec: str) -> Keyring:
     """The key provider an importable name ``MODULE:CALLABLE`` (``pkg.mod:obj.attr``)
     names, as a :class:`Keyring`: how the CLI (``--key-provider``) and a Spark job's
     executors get the app's provider, so that only its name ever travels, never a key.
-    ValueError for a name that does not import, TypeError for one that is not callable."""
+    ValueError for a name that does not import, TypeError for one that is not callable.
+
+    The module is looked for on ``sys.path`` and then in the current directory, as
+    ``python -m`` would (the ``persistlog`` command's own path does not hold it)."""
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise ValueError(f"needs MODULE:CALLABLE, got {spec!r}")
     try:
-        target: Any = importlib.import_module(module)
+        target: Any = _import_here(module)
         for part in attr.split("."):
             target = getattr(target, part)
     except (ImportError, AttributeError) as e:

@@ -10,6 +10,8 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import zlib
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
@@ -232,6 +234,25 @@ def test_key_provider_option_names_an_importable_callable(log_dir: str) -> None:
     for bad in ("crypt_keys", "no_such_module:f", "crypt_keys:nope", "crypt_keys:KEYS"):
         status, _, err = cli("dump", log_dir, "--key-provider", bad)
         assert status == 2 and "--key-provider" in err, bad
+
+
+def test_the_key_provider_module_is_found_in_the_current_directory(log_dir: str, tmp_path: Any) -> None:
+    """As the ``persistlog`` command runs (no current directory on its path: ``-I``), a
+    provider module in the directory it runs in is found, as ``python -m`` finds it."""
+    write(log_dir, rotations=0)
+    app = tmp_path / "app"
+    (app / "myapp").mkdir(parents=True)
+    (app / "myapp" / "__init__.py").write_text("")
+    (app / "myapp" / "keys.py").write_text(f"KEYS = {crypt_keys.KEYS!r}\n\ndef app_keys(key_id):\n    return KEYS[key_id]\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-I", "-m", "persistlog", "dump", log_dir, "--json",
+                          "--key-provider", "myapp.keys:app_keys"], cwd=app, capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert run.returncode == 0 and "secret-" in run.stdout, run.stderr
+    run = subprocess.run([sys.executable, "-I", "-m", "persistlog", "dump", log_dir,
+                          "--key-provider", "otherapp.keys:app_keys"], cwd=app, capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert run.returncode == 2 and "No module named 'otherapp'" in run.stderr
 
 
 def test_a_secondary_holds_the_writers_sealed_batches(log_dir: str, tmp_path: Any) -> None:
