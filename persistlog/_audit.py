@@ -31,6 +31,9 @@ class Audit:
     breaks: list[Problem] = field(default_factory=list)
     #: LSNs written after the proven head, which no signature covers yet.
     unsigned_lsns: int = 0
+    #: Signed records naming a key that was not given (key id -> how many): not checked,
+    #: neither proof nor damage (the chain still covers those before the proven head).
+    unknown_keys: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -56,6 +59,10 @@ def audit(report: DestinationReport, verifier: Verifier) -> Audit:
             starts[lg.seq] = chain_from
         for s in lg.signed:
             result.signed += 1
+            key = s.record.get("key")
+            if isinstance(key, str) and "sig" in s.record and key not in verifier.key_ids:
+                result.unknown_keys[key] = result.unknown_keys.get(key, 0) + 1
+                continue
             why = verifier.check(s.record, s.log, s.lsn, s.head)
             if why is not None:
                 result.problems.append(Problem(CORRUPT, f"signed {s.kind}: {why}", s.log, s.segment, s.offset, lsn=s.lsn))

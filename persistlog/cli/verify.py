@@ -135,12 +135,13 @@ def print_audit(a: Audit) -> None:
     if a.problems and a.proven is not None:
         first = a.problems[0]
         print(
-            f"BROKEN: {plural(len(a.problems), 'signed record')} do not verify, the first at {first.where()}: what "
+            f"BROKEN: {plural(len(a.problems), 'signed record')} {'does' if len(a.problems) == 1 else 'do'} not verify, the first at {first.where()}: what "
             f"they sign was changed (or another key signed them); the newest signed head that verifies is {_head(a.proven)}"
         )
         return
     if a.proven is None:
         print(f"UNPROVEN: no checkpoint signed with {_keys(a)} verifies ({plural(a.signed, 'signed record')} found)")
+        _note_unknown(a)
         return
     if a.breaks:
         print(f"BROKEN: the history before the newest signed head, {_head(a.proven)}, was changed:")
@@ -155,6 +156,15 @@ def print_audit(a: Audit) -> None:
     )
     if a.unsigned_lsns:
         print(f"note: {plural(a.unsigned_lsns, 'record')} after it are not signed yet (the next checkpoint or seal signs them)")
+    _note_unknown(a)
+
+
+def _note_unknown(a: Audit) -> None:
+    if a.unknown_keys:
+        n = sum(a.unknown_keys.values())
+        ids = ", ".join(a.unknown_keys)
+        print(f"note: {plural(n, 'signed record')} name{'s' if n == 1 else ''} key(s) {ids}, not given: not checked "
+              "(give --public-key once for each key the writer signed with)")
 
 
 def audit_json(a: Audit) -> dict[str, Any]:
@@ -170,6 +180,7 @@ def audit_json(a: Audit) -> dict[str, Any]:
         "breaks": [p.to_dict() for p in a.breaks],
         "problems": [p.to_dict() for p in a.problems],
         "unsigned_lsns": a.unsigned_lsns,
+        "unknown_keys": dict(a.unknown_keys),
     }
 
 

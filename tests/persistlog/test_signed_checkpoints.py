@@ -113,8 +113,18 @@ def test_a_writer_that_changed_its_key_is_proven_with_both_public_keys(log_dir: 
     signed = json.loads(js)["signed"]
     assert signed["ok"] and signed["key_ids"] == [Signer(KEY).key_id, Signer(new_key).key_id]
     assert signed["proven"]["log"] == 3 and signed["proven"]["chain_from"] == 1
+    # With the new key alone the old key's signatures are not checked, and not damage: the
+    # chain from log 1 up to the newest head (signed with the new key) is still proven.
     status, out = cli("verify", log_dir, "--public-key", paths[1])
-    assert status == 1 and "BROKEN" in out and f"signed with key {Signer(KEY).key_id!r}" in out, out
+    assert status == 0 and "PROVEN" in out and "BROKEN" not in out, out
+    assert f"key(s) {Signer(KEY).key_id}, not given: not checked" in out
+    _, js = cli("verify", log_dir, "--public-key", paths[1], "--json")
+    unknown = json.loads(js)["signed"]["unknown_keys"]
+    assert list(unknown) == [Signer(KEY).key_id] and unknown[Signer(KEY).key_id] >= 2
+    # With the old key alone, what the new key signed is not checked: proven up to log 2.
+    _, js = cli("verify", log_dir, "--public-key", paths[0], "--json")
+    signed = json.loads(js)["signed"]
+    assert signed["ok"] and signed["proven"]["log"] == 2 and list(signed["unknown_keys"]) == [Signer(new_key).key_id]
 
 
 def test_a_secondarys_seals_are_signed_as_the_writers_are(log_dir: str, public_key: str, tmp_path: Any) -> None:
@@ -148,7 +158,7 @@ def test_another_key_proves_nothing(log_dir: str, tmp_path: Any) -> None:
         f.write(ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw))
     status, out, _ = verify(log_dir, other)
-    assert status == 1 and "UNPROVEN" in out and "not with the public key given" in out
+    assert status == 1 and "UNPROVEN" in out and f"key(s) {Signer(KEY).key_id}, not given: not checked" in out
 
 
 def edit_record(segment: tamper.Segment, index: int) -> None:
