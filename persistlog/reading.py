@@ -14,7 +14,7 @@ Finding logs
     logs a restore replays, and whether the first holds a complete snapshot),
     ``read_log_set_marker`` (the depth of the log set at a root, None for no set; its keys
     and logs are ``persistlog.LogSet.logs``), ``segment_name`` and ``parse_segment_name``
-    (segment names), ``CURRENT_NAME``.
+    (segment names), ``CURRENT_NAME``, ``LOG_SET_NAME`` (the marker at a log set's root).
 
 Scanning a log
     ``LogScanner`` (every batch of one log, every byte and the LSN and hash chains
@@ -98,6 +98,7 @@ from ._format import (
     KIND_CONTROL,
     KIND_SNAPSHOT,
     KIND_UPDATE,
+    LOG_SET_NAME,
     SEAL_CHAIN,
     SEGMENT_HEADER_SIZE,
     parse_segment_name,
@@ -162,6 +163,7 @@ __all__ = [
     "KIND_SNAPSHOT",
     "KIND_UPDATE",
     "Keyring",
+    "LOG_SET_NAME",
     "LogScanner",
     "LogState",
     "LogView",

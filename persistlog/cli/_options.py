@@ -13,7 +13,7 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ..reading import CURRENT_NAME, Keyring, UsageError, parse_segment_name, parse_storage_options, provider_named
+from ..reading import CURRENT_NAME, LOG_SET_NAME, Keyring, UsageError, parse_segment_name, parse_storage_options, provider_named
 
 
 def iso_time(value: str) -> datetime:
@@ -124,6 +124,9 @@ def _why_no_log(dest: Destination) -> str | None:
         return dest.describe_missing()
     if any(parse_segment_name(n) is not None for n in names) or CURRENT_NAME in names:
         return None
+    if LOG_SET_NAME in names:
+        return (f"it is the root of a log set ({LOG_SET_NAME}); each command reads one log: point it at a "
+                "key's log (persistlog.LogSet(root).url(key)), or read the whole set with Spark")
     if names:
         shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"

@@ -40,6 +40,21 @@ def test_a_directory_of_other_files_is_no_log(readme_dir: str, command: str) -> 
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+def test_a_log_set_root_says_so_and_how_to_name_one_of_its_logs(tmp_path: Path, command: str) -> None:
+    root = str(tmp_path / "set")
+    with persistlog.LogSet(root, create=True) as logs:
+        logs.open("alice", lambda emit: None).update({"k": 1})
+        one = logs.url("alice")
+    before = sorted(os.walk(root))
+    run = cli(command, root)
+    assert run.status == 2 and run.out == ""
+    assert "it is the root of a log set (LOGSET)" in run.err and "LogSet(root).url(key)" in run.err
+    assert sorted(os.walk(root)) == before  # nothing written
+    if command != "repair":  # repair's own rules (a lock) are not this test's
+        assert cli(command, one).status == 0, command
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_json_errors_are_json_on_stdout(readme_dir: str, command: str) -> None:
     run = cli(command, readme_dir, "--json")
     assert run.status == 2
