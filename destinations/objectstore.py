@@ -160,6 +160,9 @@ class ObjectStoreDestination(Destination):
             # Client-library errors (no credentials, an unreachable endpoint...) leave this
             # package as built-ins, as the Destination contract says.
             notes = "".join(f" ({note})" for note in getattr(e, "__notes__", ()))
+            if type(e).__name__ == "NoCredentialsError":
+                notes += (" (give the key and secret as storage options, or set the usual AWS "
+                          "credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile)")
             raise OSError(f"{self}: {what}: {type(e).__name__}: {e}{notes}") from e
 
     def _path(self, name: str) -> str:

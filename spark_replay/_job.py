@@ -28,6 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from persistlog import DestinationError
 from persistlog.reading import UsageError
 from persistlog.reading import parse_storage_options as _parse_cli_storage_options
 
@@ -299,9 +300,12 @@ def _check_input(url: str, storage_options: dict[str, Any]) -> bool:
             if next(iter(LogSet(url, create=False, storage_options=storage_options).keys()), None) is None:
                 raise JobError(f"the log set at {url} holds no log")
             return True
-        raise JobError(f"no persistlog logs at {url}")
+        why = dest.why_not_creatable() or ("" if dest.exists() else dest.describe_missing())
+        raise JobError(f"no persistlog logs at {url}" + (f": {why}" if why else ""))
     except JobError:
         raise
+    except DestinationError as e:  # it names the URL already
+        raise JobError(str(e)) from None
     except Exception as e:  # any storage complaint is bad input from the job's point of view
         raise JobError(f"cannot list {url}: {e}") from None
     finally:

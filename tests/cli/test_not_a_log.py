@@ -115,6 +115,18 @@ def test_s3_missing_bucket_and_empty_prefix(s3_bucket: str, s3_storage_options: 
     )
 
 
+@pytest.mark.slow
+def test_s3_without_credentials_says_how_to_give_them(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"))
+    run = subprocess.run([sys.executable, "-m", "persistlog", "info", "s3://no-such-bucket-anywhere/app"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 2 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NoCredentialsError" in lines[0] and "AWS_ACCESS_KEY_ID" in lines[0], run.stderr
+
+
 def test_other_failures_are_json_on_stdout_too(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     kv = KV()

@@ -31,8 +31,14 @@ def test_missing_log_exits_2_before_starting_spark(tmp_path: Any) -> None:
         timeout=120,
     )
     assert proc.returncode == 2
-    assert "no persistlog logs at" in proc.stderr
+    assert f"no persistlog logs at {tmp_path / 'nothing'}: the directory does not exist" in proc.stderr
     assert not (tmp_path / "out").exists()
+    (tmp_path / "afile").write_text("not a log")
+    proc = subprocess.run(
+        [sys.executable, "-m", "spark_replay", str(tmp_path / "afile"), "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and "it is a file, not a directory" in proc.stderr
 
 
 @pytest.mark.parametrize(
