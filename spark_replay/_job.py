@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from persistlog import DestinationError
+from persistlog import Cursor, DestinationError, PositionError
 from persistlog.reading import UsageError
 from persistlog.reading import parse_storage_options as _parse_cli_storage_options
 
@@ -333,6 +333,11 @@ def prepare(args: argparse.Namespace) -> tuple[dict[str, Any], Output, bool]:
     log_set = _check_input(args.url, storage_options)
     if log_set and args.as_of_lsn is not None:
         raise JobError(f"{args.url} is a log set, whose logs each number their own LSNs: --as-of-lsn does not apply; give --as-of-time")
+    if args.as_of_lsn is not None:
+        try:  # an LSN the logs do not hold (past the end, before retention) has no state
+            Cursor.at_lsn(args.url, args.as_of_lsn, storage_options=storage_options)
+        except PositionError as e:
+            raise JobError(f"--as-of-lsn {args.as_of_lsn}: {e}") from None
     return storage_options, output, log_set
 
 

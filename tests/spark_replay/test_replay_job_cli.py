@@ -75,3 +75,21 @@ def test_a_bad_as_of_time_is_refused_before_spark_starts(tmp_path: Any) -> None:
     assert proc.returncode == 2
     assert "as_of_time must be an ISO-8601 time" in proc.stderr and "'yesterday'" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("lsn", [99, 2])
+def test_an_as_of_lsn_the_log_does_not_hold_is_refused_before_spark_starts(tmp_path: Any, capsys: Any, lsn: int) -> None:
+    import persistlog
+
+    url = str(tmp_path / "log")
+    with persistlog.open(url, lambda emit: None, retain=1) as lg:
+        for i in range(3):
+            lg.update({"op": "put", "key": f"k{i}", "value": i})
+        lg.rotate(wait=True)
+        lg.rotate(wait=True)
+        lg.update({"op": "put", "key": "k3", "value": 3})
+    # 99: past the end; 2: before the oldest record retention left (log 1 is gone).
+    assert main([url, "--out", str(tmp_path / "out"), "--as-of-lsn", str(lsn)], spark=object()) == 2
+    err = capsys.readouterr().err
+    assert f"--as-of-lsn {lsn}: LSN {lsn} is" in err and "it holds LSNs" in err
+    assert not (tmp_path / "out").exists()
