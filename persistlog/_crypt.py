@@ -97,9 +97,9 @@ class Keyring:
         if key is None:
             raise KeyUnavailableError(f"the key provider has no key for key id {key_id!r}", key_id=key_id)
         if not isinstance(key, (bytes, bytearray)) or len(key) != 32:
-            size = len(key) if isinstance(key, (bytes, bytearray)) else type(key).__name__
+            given = f"{len(key)} bytes" if isinstance(key, (bytes, bytearray)) else f"a {type(key).__name__}"
             raise KeyUnavailableError(
-                f"the key provider gave key id {key_id!r} {size} instead of a 32-byte AES-256 key", key_id=key_id
+                f"the key provider gave {given} for key id {key_id!r}, not a 32-byte AES-256 key", key_id=key_id
             )
         found = (_aesgcm()(bytes(key)), key_check(bytes(key)))
         self._ciphers[key_id] = found

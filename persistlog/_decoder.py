@@ -213,7 +213,7 @@ def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys:
     if keys is None:
         kid = key_id_of(header, stored)
         raise KeyUnavailableError(
-            f"the batch at offset {offset} is encrypted under key id {kid!r} and no key provider was "
+            f"the batch is encrypted under key id {kid!r} and no key provider was "
             "given (key_provider=, --key-provider)", key_id=kid,
         )
     aad = F.BATCH_AAD.pack(
