@@ -1,3 +1,4 @@
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,15 @@ def _dead_threads_are_quiet() -> Iterator[None]:
     filterwarnings=error)."""
     with quiet_crash_threads():
         yield
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started in the background by a non-interactive shell (``make test &``, a
+    CI step) inherits SIGINT ignored, and so would every child it starts: the tests that
+    Ctrl-C a child would then wait on a child that never sees it. SIGINT gets Python's
+    own handler here; a child's exec then starts it at the default, as from a terminal."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: Fixtures that start (or share) the run's local Spark session.
