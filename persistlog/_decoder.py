@@ -138,7 +138,7 @@ def parse_batch_header(buf: bytes | memoryview, offset: int) -> BatchHeader:
 
 
 def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None = None,
-                  values: ValueTable | None = None) -> bytes:
+                  values: ValueTable | None = None, link: bytes | None = None) -> bytes:
     """The raw payload, after its checksum, decryption (with ``keys``), (bounded)
     decompression (without the link a chained batch's stored bytes start with) and, in a
     batch that shares values, their expansion from ``values`` (the log's values defined
@@ -146,26 +146,34 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
 
     An encrypted batch without ``keys`` raises :class:`KeyUnavailableError`; with
     ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans), and so does a
-    batch that shares values read without ``values``."""
-    if _crc32(stored) != header.payload_crc:
+    batch that shares values read without ``values``.
+
+    ``link`` given: ``stored`` is what follows the link of a chained batch that is not
+    encrypted, read apart from it (so that no copy of the payload is made to cut the link
+    off); the checksum covers both, as written."""
+    crc = _crc32(stored) if link is None else _crc32(stored, _crc32(link))
+    if crc != header.payload_crc:
         raise Damage("batch payload checksum mismatch", offset, torn_shape=True)
+    if link is not None and header.flags & F.FLAG_ENCRYPTED:
+        raise ValueError("an encrypted batch's stored bytes are read whole, link included")
     if header.flags & F.FLAG_SHARED:
         from ._crypt import OPAQUE
 
-        raw = _payload(header, stored, offset, keys)
+        raw = _payload(header, stored, offset, keys, link is not None)
         if keys is OPAQUE and (values is None or header.flags & F.FLAG_ENCRYPTED):
             return b""
         return expand_shared(raw, values, offset)
-    return _payload(header, stored, offset, keys)
+    return _payload(header, stored, offset, keys, link is not None)
 
 
-def _payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None) -> bytes:
+def _payload(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None,
+             past_link: bool = False) -> bytes:
     if header.flags & F.FLAG_ENCRYPTED:
         plain = _decrypt(header, stored, offset, keys)
         if plain is None:
             return b""  # opaque keys: the structure only
         stored = plain
-    elif header.flags & F.FLAG_LINKED:
+    elif header.flags & F.FLAG_LINKED and not past_link:
         stored = memoryview(stored)[F.LINK_SIZE:]
     compression = header.flags & F.COMPRESSION_MASK
     if compression == F.COMPRESSION_NONE and len(stored) != header.raw_len:

@@ -650,7 +650,15 @@ class LogScanner:
                         pos,
                         torn_shape=True,
                     )
-                stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
+                if header.flags & F.FLAG_LINKED and not header.flags & F.FLAG_ENCRYPTED:
+                    # The link read apart from what follows it: cutting it off would copy the payload.
+                    link: bytes | None = seg.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE)
+                    stored = seg.get(pos + F.BATCH_HEADER_SIZE + F.LINK_SIZE, max(0, header.stored_len - F.LINK_SIZE))
+                else:
+                    link = None
+                    stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
+                # A big batch is hashed on another thread while this one checks and decodes it.
+                digest = hash_soon(head_bytes, *((stored,) if link is None else (link, stored))) if header.linked else None
                 shared = header.flags & F.FLAG_SHARED
                 if shared:
                     if st.version is not None and st.version < F.SHARED_VERSION:
@@ -659,7 +667,7 @@ class LogScanner:
                         values = self._prime(number, pos)
                 if values.at is not None:
                     values.reading(self.seq, number, pos)
-                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None)
+                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, link)
                 if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
                     values.lost()  # its definitions stayed shut: the table ends here
                 if header.kind == F.KIND_CONTROL:
@@ -704,14 +712,16 @@ class LogScanner:
             next_lsn = header.first_lsn + header.lsn_count
             st.next_lsn = next_lsn
             if header.linked or st.chained:
-                self._check_link(header, head_bytes, stored, controls, name, pos)
+                self._check_link(header, link, stored, digest, controls, name, pos)
             if header.flags & F.FLAG_ENCRYPTED:
                 st.encrypted += 1
                 st.unopened += self.keys is OPAQUE
                 kid = key_id_of(header, stored)
                 if kid not in st.key_ids:
                     st.key_ids.append(kid)
-            batch = Batch(self.seq, number, pos, header, raw, controls, stored[: F.LINK_SIZE] if header.linked else None)
+            if link is None and header.linked:
+                link = stored[: F.LINK_SIZE]
+            batch = Batch(self.seq, number, pos, header, raw, controls, link)
             if values.at is not None:
                 values.read_to(self.seq, number, end)
             if controls is not None:
@@ -750,10 +760,12 @@ class LogScanner:
         return self.values
 
     def _check_link(
-        self, header: BatchHeader, head_bytes: bytes, stored: bytes, controls: list[dict[str, Any]] | None,
+        self, header: BatchHeader, link_read: bytes | None, stored: bytes, digest: bytes | Future[bytes] | None,
+        controls: list[dict[str, Any]] | None,
         name: str, pos: int,
     ) -> None:
-        """Check the hash link of the batch at ``pos`` and move the chain head past it."""
+        """Check the hash link of the batch at ``pos`` and move the chain head past it to
+        ``digest``, the batch's hash (being computed, :func:`_chain.hash_soon`)."""
         st = self.state
         if self._version is None:  # a scan resumed inside a segment: its batches say
             self._version = F.CHAINED_VERSION if header.linked else F.FORMAT_VERSION
@@ -763,7 +775,8 @@ class LogScanner:
             self._corrupt(f"batch {why}", name, pos)
             self._link = None
             return
-        link = stored[: F.LINK_SIZE]
+        # The link, read apart from the rest (``link_read``) or at the start of ``stored``.
+        link = stored[: F.LINK_SIZE] if link_read is None else link_read
         expect = self._next_link()
         if st.first_link is None and pos == F.SEGMENT_HEADER_SIZE and self.start is None and name == self.segments[0][1]:
             st.first_link = link
@@ -797,7 +810,8 @@ class LogScanner:
                 c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
             ):
                 self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
-        self._link = hash_soon(head_bytes, stored)
+        assert digest is not None, "a linked batch is hashed as it is read"
+        self._link = digest
         st.move_head(self._link)
         self._linked_from = (name, pos)
 
