@@ -420,6 +420,8 @@ class BatchWriter:
             raise
         n_updates = end - first - len(snaps)
         buffer.handed_over()
+        if self._shared is not None:
+            self._shared.handed_over(end)
         c = self._counts
         c["updates"] += n_updates
         c["snapshot_records"] += len(snaps)

@@ -247,7 +247,7 @@ class Queue:
         delivered again) and open its log for writing.
 
         ``options`` are those of :func:`persistlog.open` (``durability``, here ``"flush"``
-        unless given; rotation triggers, ``retain``, ``storage_options``...). A rotation
+        unless given, and ``share_values``, here False unless given; rotation triggers, ``retain``, ``storage_options``...). A rotation
         copies the messages not acknowledged into the new log, reading their bodies from
         the old one. ``max_messages``/``max_bytes`` are the quota, ``ttl`` the default
         time to live of a message in seconds, ``visibility_timeout`` the seconds a
@@ -343,6 +343,10 @@ class Queue:
                 raise TypeError(f"Queue.open() takes no {own}: {why}")
         if "durability" not in options and "durability" not in (defaults or {}):
             options["durability"] = "flush"
+        if "share_values" not in options and "share_values" not in (defaults or {}):
+            # A queue's snapshot is its pending messages, each body once: nothing repeats
+            # for shared values to save, and their bookkeeping would cost every message.
+            options["share_values"] = False
         codec = options.get("codec") or (defaults or {}).get("codec")
         if codec is None:
             options["codec"] = codec = _PLAIN

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
+from hashlib import sha256
 from collections.abc import Sequence
 from itertools import compress
 from typing import Any
@@ -139,6 +140,8 @@ class SharedValues:
     __slots__ = ("_values", "_ids", "_bytes", "_hints", "_mark", "_quiet", "_skip")
 
     def __init__(self) -> None:
+        # The values defined, by their SHA-256 (a writer keeps no copy of a value: a log
+        # may define 32 MiB of them, and a process may hold thousands of logs), in order.
         self._values: list[bytes] = []
         self._ids: dict[bytes, int] = {}
         self._bytes = 0
@@ -188,6 +191,13 @@ class SharedValues:
             return True
         return False
 
+    def handed_over(self, end: int) -> None:
+        """The batch of the records before LSN ``end`` was handed over: it is never framed
+        again, and their hints go."""
+        hints = self._hints
+        while hints and hints[0][0] < end:
+            hints.popleft()
+
     @property
     def defined(self) -> int:
         """Values the current log defined so far."""
@@ -226,15 +236,16 @@ class SharedValues:
             if at < 0 or at + size > len(payload):
                 continue
             enc = payload[at:at + size]
-            number = ids.get(enc)
+            digest = sha256(enc).digest()
+            number = ids.get(digest)
             if number is None and self._bytes + size > F.SHARED_MAX_BYTES:
                 continue  # the log's table is full: written as it is
             if at > cursor:
                 token(_varint((at - cursor) << 2 | F.SHARED_LITERAL))
                 put(payload[cursor:at])
             if number is None:
-                values.append(enc)  # before the index: a take-back finds it in the list
-                ids[enc] = len(values) - 1
+                values.append(digest)  # before the index: a take-back finds it in the list
+                ids[digest] = len(values) - 1
                 self._bytes += size
                 token(_varint(size << 2 | F.SHARED_DEFINE))
                 token(_varint(len(values) - 1))
@@ -256,8 +267,8 @@ class SharedValues:
     def _take_back(self, mark: tuple[int, int, int]) -> None:
         _, count, size = mark
         ids = self._ids
-        for enc in self._values[count:]:
-            ids.pop(enc, None)
+        for digest in self._values[count:]:
+            ids.pop(digest, None)
         del self._values[count:]
         self._bytes = size
 

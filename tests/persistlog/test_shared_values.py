@@ -313,7 +313,7 @@ def test_the_cli_dump_shows_the_values(multi_segment: tuple[str, list[Any]]) -> 
 
 def test_a_queue_reads_shared_bodies_back_by_lsn(tmp_path: Path) -> None:
     body = b"the same message for everyone " * 20
-    with persistlog.Queue.open(tmp_path / "q") as q:
+    with persistlog.Queue.open(tmp_path / "q", share_values=True) as q:
         for _ in range(30):
             q.send(body)
         q.rotate()  # its enumeration copies every pending message: shared in the new log
@@ -322,6 +322,42 @@ def test_a_queue_reads_shared_bodies_back_by_lsn(tmp_path: Path) -> None:
             assert m is not None and m.body == body
             assert q.ack(m.id)
     assert any(b.header.flags & F.FLAG_SHARED for b in batches(str(tmp_path / "q")))
+
+
+def test_a_queue_shares_no_values_unless_asked(tmp_path: Path) -> None:
+    """A queue's snapshot holds each pending body once: nothing to share, so its log is
+    version 2 and its writer keeps no bookkeeping per message."""
+    with persistlog.Queue.open(tmp_path / "q") as q:
+        for i in range(20):
+            q.send(b"%d" % i * 300)
+        q.rotate()
+    assert {b.header.flags & F.FLAG_SHARED for b in batches(str(tmp_path / "q"))} == {0}
+    assert persistlog.restore(tmp_path / "q", lambda r: None).logs  # it reads back
+    status = main(["info", "--json", str(tmp_path / "q")])
+    assert status == 0
+
+
+def test_the_writer_keeps_no_copy_of_the_values_its_log_defined(tmp_path: Path) -> None:
+    """A writer remembers each value its log defined by its SHA-256, not its bytes, and
+    drops the hints of a batch once it is handed over: after a snapshot of 8 MB of large
+    values (each twice, so that all are shared), the Log holds well under 1 MB more."""
+    import gc
+    import tracemalloc
+
+    values = [os.urandom(4000) for _ in range(2000)]
+    lg = persistlog.open(str(tmp_path / "log"), lambda emit: emit.many([{"v": v, "w": v} for v in values]))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        lg.rotate(wait=True)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    lg.close()
+    assert any(b.header.flags & F.FLAG_SHARED for b in batches(str(tmp_path / "log")))
+    assert kept < 1_000_000, f"{kept / 1e6:.1f} MB kept after a snapshot of {len(values) * 4000 / 1e6:.0f} MB of values"
 
 
 # -- a crash in the middle of a snapshot that shares values --------------------------------
