@@ -650,15 +650,20 @@ class LogScanner:
                         pos,
                         torn_shape=True,
                     )
-                if header.flags & F.FLAG_LINKED and not header.flags & F.FLAG_ENCRYPTED:
-                    # The link read apart from what follows it: cutting it off would copy the payload.
-                    link: bytes | None = seg.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE)
+                link: bytes | None
+                parts: tuple[bytes, ...]
+                if header.linked and not header.flags & F.FLAG_ENCRYPTED:
+                    # The link read apart from what follows it: cutting it off would copy the
+                    # payload. (An encrypted batch is opened whole: its link is in the AAD.)
+                    link = seg.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE)
                     stored = seg.get(pos + F.BATCH_HEADER_SIZE + F.LINK_SIZE, max(0, header.stored_len - F.LINK_SIZE))
+                    apart, parts = link, (head_bytes, link, stored)
                 else:
-                    link = None
                     stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
+                    link = stored[: F.LINK_SIZE] if header.linked else None
+                    apart, parts = None, (head_bytes, stored)
                 # A big batch is hashed on another thread while this one checks and decodes it.
-                digest = hash_soon(head_bytes, *((stored,) if link is None else (link, stored))) if header.linked else None
+                digest = hash_soon(*parts) if header.linked else None
                 shared = header.flags & F.FLAG_SHARED
                 if shared:
                     if st.version is not None and st.version < F.SHARED_VERSION:
@@ -667,7 +672,7 @@ class LogScanner:
                         values = self._prime(number, pos)
                 if values.at is not None:
                     values.reading(self.seq, number, pos)
-                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, link)
+                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, apart)
                 if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
                     values.lost()  # its definitions stayed shut: the table ends here
                 if header.kind == F.KIND_CONTROL:
@@ -712,15 +717,13 @@ class LogScanner:
             next_lsn = header.first_lsn + header.lsn_count
             st.next_lsn = next_lsn
             if header.linked or st.chained:
-                self._check_link(header, link, stored, digest, controls, name, pos)
+                self._check_link(header, link, digest, controls, name, pos)
             if header.flags & F.FLAG_ENCRYPTED:
                 st.encrypted += 1
                 st.unopened += self.keys is OPAQUE
                 kid = key_id_of(header, stored)
                 if kid not in st.key_ids:
                     st.key_ids.append(kid)
-            if link is None and header.linked:
-                link = stored[: F.LINK_SIZE]
             batch = Batch(self.seq, number, pos, header, raw, controls, link)
             if values.at is not None:
                 values.read_to(self.seq, number, end)
@@ -760,12 +763,12 @@ class LogScanner:
         return self.values
 
     def _check_link(
-        self, header: BatchHeader, link_read: bytes | None, stored: bytes, digest: bytes | Future[bytes] | None,
-        controls: list[dict[str, Any]] | None,
-        name: str, pos: int,
+        self, header: BatchHeader, link: bytes | None, digest: bytes | Future[bytes] | None,
+        controls: list[dict[str, Any]] | None, name: str, pos: int,
     ) -> None:
-        """Check the hash link of the batch at ``pos`` and move the chain head past it to
-        ``digest``, the batch's hash (being computed, :func:`_chain.hash_soon`)."""
+        """Check ``link``, the hash link of the batch at ``pos`` (None: it carries none),
+        and move the chain head past it to ``digest``, the batch's hash (being computed,
+        :func:`_chain.hash_soon`)."""
         st = self.state
         if self._version is None:  # a scan resumed inside a segment: its batches say
             self._version = F.CHAINED_VERSION if header.linked else F.FORMAT_VERSION
@@ -775,8 +778,7 @@ class LogScanner:
             self._corrupt(f"batch {why}", name, pos)
             self._link = None
             return
-        # The link, read apart from the rest (``link_read``) or at the start of ``stored``.
-        link = stored[: F.LINK_SIZE] if link_read is None else link_read
+        assert link is not None and digest is not None, "a linked batch is hashed as it is read"
         expect = self._next_link()
         if st.first_link is None and pos == F.SEGMENT_HEADER_SIZE and self.start is None and name == self.segments[0][1]:
             st.first_link = link
@@ -810,7 +812,6 @@ class LogScanner:
                 c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
             ):
                 self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
-        assert digest is not None, "a linked batch is hashed as it is read"
         self._link = digest
         st.move_head(self._link)
         self._linked_from = (name, pos)
