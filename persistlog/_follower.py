@@ -393,11 +393,7 @@ class Follower:
         poll) resumes after them."""
         self._partial = (where, before)
         if self._replay_batch is not None:
-            try:
-                self._replay_batch(records)
-            except BaseException as e:
-                self._app_error = e
-                raise
+            self._app(self._replay_batch, records)
         elif self._replay is not None:
             replay = self._replay
             i = 0
@@ -410,6 +406,14 @@ class Follower:
                 self.applied_records += i
                 raise
         self.applied_records += len(records)
+
+    def _app(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run the app's ``fn``; what it raises is remembered as the app's (``_app_error``)."""
+        try:
+            fn(*args)
+        except BaseException as e:
+            self._app_error = e
+            raise
 
     def _poll_once(self) -> Iterator[FollowedBatch]:
         self.polls += 1
@@ -478,11 +482,7 @@ class Follower:
             raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
         log.warning("follower of %s resets: %s", self.dest.url, why)
         self.resets += 1
-        try:
-            self._on_reset()
-        except BaseException as e:
-            self._app_error = e
-            raise
+        self._app(self._on_reset)
         self._cursor = None
         self._partial = None
         self._skip = None

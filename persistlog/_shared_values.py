@@ -229,14 +229,14 @@ class SharedValues:
         cursor = 0
         shared = False
         find = payload.find
+        view = memoryview(payload)  # hashed in place: only a value defined is copied
         for key, size in found:
             # Where the value's first bytes are; the bytes there, as long as the value, are
             # shared whatever they are (a reference stands for bytes equal to them).
             at = find(key, cursor)
             if at < 0 or at + size > len(payload):
                 continue
-            enc = payload[at:at + size]
-            digest = sha256(enc).digest()
+            digest = sha256(view[at:at + size]).digest()
             number = ids.get(digest)
             if number is None and self._bytes + size > F.SHARED_MAX_BYTES:
                 continue  # the log's table is full: written as it is
@@ -249,7 +249,7 @@ class SharedValues:
                 self._bytes += size
                 token(_varint(size << 2 | F.SHARED_DEFINE))
                 token(_varint(len(values) - 1))
-                defined.append(enc)
+                defined.append(payload[at:at + size])
             else:
                 token(_varint(number << 2 | F.SHARED_REFERENCE))
             shared = True

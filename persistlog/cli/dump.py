@@ -158,14 +158,12 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
                         writer.write(lsn=None, log=seq, segment=batch.segment, offset=batch.offset,
                                      kind="control", commit_us=batch.header.commit_us, record=c)
                 continue
-            if batch.first_lsn + batch.header.count <= from_lsn:
-                if batch.header.count:
-                    last_seen = batch.first_lsn + batch.header.count - 1
-                continue  # wholly before --from-lsn: no need to decode it
             if batch.header.count:
                 if first_seen is None:
                     first_seen = batch.first_lsn
                 last_seen = batch.first_lsn + batch.header.count - 1
+            if batch.first_lsn + batch.header.count <= from_lsn:
+                continue  # wholly before --from-lsn: no need to decode it
             try:
                 for lsn, kind, record in batch.numbered_records(loads):
                     if from_lsn <= lsn and (to_lsn is None or lsn <= to_lsn):
@@ -187,8 +185,6 @@ def dump(dest: Destination, args: argparse.Namespace) -> int:
     sys.stdout.flush()
     bounded = any(v is not None for v in (args.from_lsn, args.from_time, args.to_lsn, args.to_time))
     if bounded and not printed:
-        held = f"LSNs up to {last_seen}" if last_seen is not None else "no record there"
-        if first_seen is not None and last_seen is not None:
-            held = f"LSNs {first_seen}..{last_seen} were read"
+        held = "no record there" if last_seen is None else f"LSNs {first_seen}..{last_seen} were read"
         error(f"note: no record within the bounds given ({held}); `persistlog info` shows what the logs hold")
     return EXIT_DAMAGED if damaged else EXIT_OK
