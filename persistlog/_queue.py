@@ -247,9 +247,9 @@ class Queue:
         delivered again) and open its log for writing.
 
         ``options`` are those of :func:`persistlog.open` (``durability``, here ``"flush"``
-        unless given, and ``share_values``, here False unless given; rotation triggers, ``retain``, ``storage_options``...). A rotation
-        copies the messages not acknowledged into the new log, reading their bodies from
-        the old one. ``max_messages``/``max_bytes`` are the quota, ``ttl`` the default
+        unless given, and ``share_values``, here False unless given; rotation triggers,
+        ``retain``, ``storage_options``...). A rotation copies the messages not
+        acknowledged into the new log, reading their bodies from the old one. ``max_messages``/``max_bytes`` are the quota, ``ttl`` the default
         time to live of a message in seconds, ``visibility_timeout`` the seconds a
         delivered message waits for its ``ack`` before it is delivered again (None, the
         default: until a restart), ``clock`` the wall clock expiries and timeouts are
