@@ -42,6 +42,11 @@ _MAX_DEPTH = F.MAX_RECORD_DEPTH
 BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 # A cut LSN no record reaches: the record-count cut is off.
 NEVER = 1 << 62
+#: A batch bigger than this lets the buffer's encoder and buffer go when it is detached
+#: (the next append makes new ones, about 1.5 us): cbor2's encoder keeps a buffer as big
+#: as the largest record it encoded, so a Log idle after a big record would hold that
+#: much for good (a thousand logs after one 1 MiB record each: 1 GB).
+KEEP_ENCODER_BYTES = 1024
 
 #: Records detached for a batch: (payload, snapshot offsets, first LSN, next LSN).
 Taking = tuple[bytes, list[int], int, int]
@@ -306,7 +311,11 @@ class BatchBuffer(_Base):
             self._pos = 0
             self._snap = None
             self._first = taking[3]
-            self._rewind(0)
+            if len(payload) > KEEP_ENCODER_BYTES:
+                self._fp = None
+                self._enc_encode = self._start_encoder
+            else:
+                self._rewind(0)
             self._blocked = self._refusal is not None
             return True
 
@@ -383,4 +392,4 @@ class BatchBuffer(_Base):
         return data
 
 
-__all__ = ["BATCH_FILL", "NEVER", "BatchBuffer", "Taking", "too_large"]
+__all__ = ["BATCH_FILL", "KEEP_ENCODER_BYTES", "NEVER", "BatchBuffer", "Taking", "too_large"]
