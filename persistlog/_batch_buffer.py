@@ -42,10 +42,11 @@ _MAX_DEPTH = F.MAX_RECORD_DEPTH
 BATCH_FILL = F.MAX_BATCH_BYTES // 9 * 8
 # A cut LSN no record reaches: the record-count cut is off.
 NEVER = 1 << 62
-#: A batch bigger than this lets the buffer's encoder and buffer go when it is detached
-#: (the next append makes new ones, about 1.5 us): cbor2's encoder keeps a buffer as big
-#: as the largest record it encoded, so a Log idle after a big record would hold that
-#: much for good (a thousand logs after one 1 MiB record each: 1 GB).
+#: A batch bigger than this, or one holding snapshot records, lets the buffer's encoder
+#: and buffer go when it is detached (the next append makes new ones, about 1.5 us):
+#: cbor2's encoder keeps a buffer as big as the largest record it encoded, so a Log idle
+#: after a big record would hold that much for good (a thousand logs after one 1 MiB
+#: record each: 1 GB), and one idle since its enumeration some 900 bytes.
 KEEP_ENCODER_BYTES = 1024
 
 #: Records detached for a batch: (payload, snapshot offsets, first LSN, next LSN).
@@ -311,7 +312,7 @@ class BatchBuffer(_Base):
             self._pos = 0
             self._snap = None
             self._first = taking[3]
-            if len(payload) > KEEP_ENCODER_BYTES:
+            if len(payload) > KEEP_ENCODER_BYTES or taking[1]:
                 self._fp = None
                 self._enc_encode = self._start_encoder
             else:

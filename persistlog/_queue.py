@@ -380,6 +380,9 @@ class Queue:
             raise
         self._log = lg
         self._loads = lg.codec.loads
+        # Bodies are read through the log's destination from here on: one per queue.
+        self._dest.close()
+        self._dest = lg.dest
         self._reader = RecordReader(self._dest, self._loads, written=lg.sync, keys=self._keys)
         self._reader.seed(lg.seq, self._open_lsn)  # every message is in the log open() began
         self._kept, self._kept_bytes = None, 0  # the open's enumeration took them (if it ran)
