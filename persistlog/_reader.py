@@ -38,7 +38,7 @@ from ._decoder import (
 from ._encoder import seal_trailer
 from ._crypt import OPAQUE, Keyring
 from ._shared_values import ValueTable
-from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, MissingDependencyError
+from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
 
 log = logging.getLogger("persistlog")
 
@@ -264,6 +264,33 @@ def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
         if parsed is not None:
             logs.setdefault(parsed[0], []).append((parsed[1], name))
     return dict(sorted(logs.items()))
+
+
+def why_no_log(dest: Destination) -> str | None:
+    """None when ``dest`` holds a log (a segment or CURRENT), else what it holds instead, in
+    a few words for an error message ("the directory does not exist", "it is empty", ...).
+    Reads only: one listing, and an existence check when the listing is empty."""
+    try:
+        names = dest.list()
+    except FileNotFoundError:
+        return dest.describe_missing()
+    if any(F.parse_segment_name(n) is not None for n in names) or F.CURRENT_NAME in names:
+        return None
+    if F.LOG_SET_NAME in names:
+        return (f"it is the root of a log set ({F.LOG_SET_NAME}); name one log of it, a key's "
+                "(persistlog.LogSet(root).url(key)), or read the whole set with Spark")
+    if names:
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"
+    if not dest.exists():
+        return dest.describe_missing()
+    return "it is empty"
+
+
+def no_log(dest: Destination) -> LogNotFoundError:
+    """The error for a reader of an existing log at ``dest`` that holds none: names the URL
+    and what is there instead, so that a mistyped path never reads as an empty history."""
+    return LogNotFoundError(f"no persistlog log at {dest.url}: {why_no_log(dest) or 'it holds no log segment'}")
 
 
 def newer_log(dest: Destination, seq: int) -> int | None:

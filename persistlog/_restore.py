@@ -21,7 +21,7 @@ from destinations import Destination
 from ._codec import Codec
 from ._crypt import OPAQUE, Keyring
 from ._decoder import Damage
-from ._errors import CodecError, CorruptLogError, DestinationError, LogNotFoundError, PersistLogError
+from ._errors import CodecError, CorruptLogError, DestinationError, PersistLogError
 from ._format import FIRST_LSN, HEADER_AFTER_GAP, segment_name
 from ._reader import (
     Batch,
@@ -35,6 +35,7 @@ from ._reader import (
     end_of_logs,
     list_logs,
     log_header,
+    no_log,
     read_pointer,
 )
 from ._seek import seek
@@ -411,7 +412,7 @@ def restore_from(
     p = plan(dest) if to_lsn is None else plan_until(dest, to_lsn)
     if p.start is None:
         if not missing_ok:
-            raise LogNotFoundError(f"no persistlog log at {dest.url}")
+            raise no_log(dest)
         log.info("no log at %s: nothing to restore", dest.url)
         return result, []
     result.found = True

@@ -23,7 +23,7 @@ from destinations import Destination
 from . import _format as F
 from ._decoder import BatchHeader, Damage, parse_batch_header, parse_segment_header
 from ._errors import CorruptLogError, LogNotFoundError, PositionError
-from ._reader import RESYNC_ATTEMPTS, SegmentBytes, declares_gap, list_logs, outrun
+from ._reader import RESYNC_ATTEMPTS, SegmentBytes, declares_gap, list_logs, no_log, outrun
 
 # Reads while walking batch headers of a local segment: most of a window is payload the
 # walk skips, so windows are small; objects are read whole in one GET (SegmentBytes.open).
@@ -85,7 +85,7 @@ class LogView:
         self.dest = dest
         self.logs: Logs = list_logs(dest)
         if not self.logs:
-            raise LogNotFoundError(f"no persistlog log at {dest.url}")
+            raise no_log(dest)
         self.seqs = sorted(self.logs)
         self._heads: dict[str, tuple[int, int | None]] = {}
 

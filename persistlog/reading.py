@@ -12,6 +12,7 @@ Finding logs
     ``list_logs`` (the logs of a destination and their segments, from one listing),
     ``read_pointer`` (the log ``CURRENT`` names), ``replay_plan`` and ``ReplayPlan`` (the
     logs a restore replays, and whether the first holds a complete snapshot),
+    ``why_no_log`` (what a location that holds no log holds instead, for an error message),
     ``read_log_set_marker`` (the depth of the log set at a root, None for no set; its keys
     and logs are ``persistlog.LogSet.logs``), ``segment_name`` and ``parse_segment_name``
     (segment names), ``CURRENT_NAME``, ``LOG_SET_NAME`` (the marker at a log set's root).
@@ -135,6 +136,7 @@ from ._reader import (
     read_pointer,
     retention_gap,
     walk_headers,
+    why_no_log,
 )
 from ._repair import RepairPlan, RepairResult, repair
 from ._restore import ReplayPlan, gc_pause
@@ -222,4 +224,5 @@ __all__ = [
     "to_json",
     "utc_micros",
     "walk_headers",
+    "why_no_log",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ..reading import CURRENT_NAME, LOG_SET_NAME, Keyring, UsageError, parse_segment_name, parse_storage_options, provider_named
+from ..reading import Keyring, UsageError, parse_storage_options, provider_named, why_no_log
 
 
 def iso_time(value: str) -> datetime:
@@ -106,7 +106,7 @@ def open_log(args: argparse.Namespace, *, wait_for_log: bool = False) -> Destina
     """
     dest = open_dest(args)
     try:
-        reason = dest.why_not_creatable() if wait_for_log else _why_no_log(dest)
+        reason = dest.why_not_creatable() if wait_for_log else why_no_log(dest)
     except Exception as e:  # any storage client's error: the store cannot be used
         dest.close()
         raise UsageError(f"cannot reach {args.url}: {type(e).__name__}: {e}") from None
@@ -114,22 +114,3 @@ def open_log(args: argparse.Namespace, *, wait_for_log: bool = False) -> Destina
         return dest
     dest.close()
     raise UsageError(f"no persistlog log at {args.url}: {reason}")
-
-
-def _why_no_log(dest: Destination) -> str | None:
-    """None when ``dest`` holds a log (a segment or CURRENT), else what it holds instead."""
-    try:
-        names = dest.list()
-    except FileNotFoundError:
-        return dest.describe_missing()
-    if any(parse_segment_name(n) is not None for n in names) or CURRENT_NAME in names:
-        return None
-    if LOG_SET_NAME in names:
-        return (f"it is the root of a log set ({LOG_SET_NAME}); each command reads one log: point it at a "
-                "key's log (persistlog.LogSet(root).url(key)), or read the whole set with Spark")
-    if names:
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"
-    if not dest.exists():
-        return dest.describe_missing()
-    return "it is empty"

@@ -92,9 +92,10 @@ def test_a_regular_file_is_not_called_a_missing_directory(tmp_path: Path, comman
     assert below.status == 2 and f"{f} is a file, not a directory" in below.err
 
 
-def test_a_missing_directory_says_so(tmp_path: Path) -> None:
-    run = cli("verify", str(tmp_path / "nothing"))
-    assert run.status == 2
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_missing_directory_says_so(tmp_path: Path, command: str) -> None:
+    run = cli(command, str(tmp_path / "nothing"))
+    assert run.status == 2 and run.out == ""
     assert run.err.strip() == f"persistlog: no persistlog log at {tmp_path / 'nothing'}: the directory does not exist"
 
 

@@ -158,10 +158,14 @@ def test_restore_of_a_missing_destination(tmp_path: Any) -> None:
     with pytest.raises(persistlog.LogNotFoundError) as info:
         persistlog.restore(missing, seen.append, missing_ok=False)
     assert isinstance(info.value, FileNotFoundError)
+    # A mistyped path says what is there: the URL, and that nothing is.
+    assert str(info.value) == f"no persistlog log at {missing}: the directory does not exist"
     os.makedirs(missing)
     assert not persistlog.restore(missing, seen.append).found  # empty counts as missing
-    with pytest.raises(persistlog.LogNotFoundError):
+    with pytest.raises(persistlog.LogNotFoundError, match=r": it is empty$"):
         persistlog.restore(missing, seen.append, missing_ok=False)
+    with pytest.raises(persistlog.LogNotFoundError, match=r": the directory does not exist$"):
+        list(persistlog.read(missing + "-typo"))
     with pytest.raises(TypeError):
         persistlog.restore(missing)  # neither replay nor replay_batch
 
