@@ -422,6 +422,7 @@ class BatchWriter:
         buffer.handed_over()
         if self._shared is not None:
             self._shared.handed_over(end)
+        self._count_batch(data)
         c = self._counts
         c["updates"] += n_updates
         c["snapshot_records"] += len(snaps)
@@ -441,6 +442,14 @@ class BatchWriter:
                 self.arm_flush()
             raise
         self._control = None
+        self._count_batch(batch)
+
+    def _count_batch(self, data: bytes) -> None:
+        """Count a batch once its hand-over is settled: one an interruption cut short is
+        handed over again, and counted then, once."""
+        c = self._counts
+        c["batches"] += 1
+        c["bytes"] += len(data)
 
     def _checkpoint(self, lsn: int, flush: bool) -> None:
         """A signed checkpoint after the batch handed over last, when one is due."""
@@ -459,9 +468,6 @@ class BatchWriter:
 
         self.guarded(write)
         self._written_lsn = end
-        c = self._counts
-        c["batches"] += 1
-        c["bytes"] += len(data)
         for secondary in self._secondaries:
             secondary.batch(data, first, end)
         if not flush or isinstance(sw, ObjectSegments):

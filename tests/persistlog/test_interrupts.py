@@ -339,3 +339,46 @@ def test_an_interruption_right_after_a_control_batch_keeps_the_chain(
     assert interrupts >= 20 and len(interrupted) == interrupts, (interrupts, len(interrupted))
     _check_restored(url, acked["n"])
     _check_restored(secondary, acked["n"])
+
+
+def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt after the primary took a batch, while it is handed to a
+    secondary: the next write hands it over again (the primary ignores it), and
+    ``stats()`` counts each batch, and its bytes, once."""
+    from persistlog._secondaries import Secondary
+    from persistlog._segment_writer import AppendSegments
+
+    url = str(tmp_path / "log")
+    at_primary: dict[bytes, None] = {}  # the distinct batches the primary's segment writers took
+    real_append, real_batch = AppendSegments.append, Secondary.batch
+    armed = [False]
+    interrupted = [0]
+
+    def append(sw: Any, data: bytes, first_lsn: int, next_lsn: int) -> None:
+        real_append(sw, data, first_lsn, next_lsn)
+        if sw.dest.url == url:
+            at_primary[data] = None
+
+    def batch(secondary: Any, data: bytes, first: int, end: int) -> None:
+        real_batch(secondary, data, first, end)
+        if armed[0] and threading.current_thread() is threading.main_thread():
+            armed[0] = False
+            interrupted[0] += 1
+            raise KeyboardInterrupt("while a batch is handed to a secondary")
+
+    monkeypatch.setattr(AppendSegments, "append", append)
+    monkeypatch.setattr(Secondary, "batch", batch)
+    lg = persistlog.open(url, lambda emit: emit({"snapshot": True}), durability="flush", flush_interval=3600,
+                         secondaries=[str(tmp_path / "secondary")], replay=lambda r: None)
+    before = lg.stats()
+    for i in range(20):
+        armed[0] = True
+        _retried(lambda: lg.update({"i": i}))
+    armed[0] = False
+    lg.sync()
+    s = lg.stats()
+    lg.close()
+    assert interrupted[0] == 20
+    assert s["batches"] == len(at_primary) and s["bytes"] == sum(map(len, at_primary)), (s, len(at_primary))
+    # Each update was written at once, in a batch of its own (its retry, in another).
+    assert s["batches"] - before["batches"] == s["updates"] - before["updates"] >= 20
