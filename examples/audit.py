@@ -21,7 +21,6 @@ The ``key`` column shows a string key as itself (``user:7``) and other keys as J
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 
 import persistlog
 import spark_replay
+from persistlog.reading import UsageError, parse_storage_options
 from pyspark.sql import functions as sf
 
 
@@ -49,17 +49,6 @@ def write_demo_log(url: str, updates: int) -> None:
         store.close()
 
 
-def parse_storage_options(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
-
-
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("url", nargs="?", help="a ResourceStore log (default: write a demo log)")
@@ -67,6 +56,10 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser.add_argument("--storage-option", action="append", default=[], metavar="K=V")
     parser.add_argument("--updates", type=int, default=600, help="size of the demo log")
     args = parser.parse_args(argv)
+    try:
+        storage_options = parse_storage_options(args.storage_option)
+    except UsageError as e:
+        parser.error(str(e))
 
     url = args.url
     if url is None:
@@ -75,9 +68,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
         write_demo_log(url, args.updates)
     spark = spark or spark_replay.local_session("persistlog-audit")
 
-    df = spark_replay.read(
-        spark, url, convention="resource", storage_options=parse_storage_options(args.storage_option)
-    ).cache()
+    df = spark_replay.read(spark, url, convention="resource", storage_options=storage_options).cache()
     if df.isEmpty():
         print(f"no records at {url}")
         return 1

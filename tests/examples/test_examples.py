@@ -383,3 +383,16 @@ def test_consumers_each_get_every_message_and_the_killed_one_resumes(tmp_path: P
     restart = next((i for i in range(1, len(analytics)) if analytics[i] <= analytics[i - 1]), len(analytics))
     assert analytics[:restart] == list(range(restart))
     assert analytics[restart:] == list(range(analytics[restart], 2000)) if restart < len(analytics) else True
+
+
+# -- audit.py ---------------------------------------------------------------------------------
+
+
+def test_audit_refuses_a_storage_option_without_a_value_before_starting_spark(tmp_path: Path, run_example: Any) -> None:
+    """The example parses ``--storage-option`` with the library's one parser: a word
+    without ``=`` is a usage error (exit 2), said before any Spark starts. (The Spark run
+    itself is tests/spark_replay/test_spark_replay.py::test_audit_example_runs.)"""
+    proc = run_example("audit.py", str(tmp_path / "log"), "--storage-option", "anon")
+    assert proc.returncode == 2, proc.stderr
+    assert "--storage-option needs KEY=VALUE, got 'anon'" in proc.stderr
+    assert proc.stdout == ""
