@@ -27,7 +27,7 @@ def _column(value: Column | str | None, df: DataFrame, default: str | None, what
         return sf.col(default)
     raise ValueError(
         f"this frame has no {default!r} column: pass {what}= as a column expression "
-        f"(e.g. F.get_json_object('record', '$.id')), or read with convention='resource'"
+        f"(e.g. pyspark.sql.functions.get_json_object('record', '$.id')), or read with convention='resource'"
     )
 
 

@@ -115,7 +115,9 @@ def test_raw_frames_take_key_and_op_expressions(spark: Any, tmp_path: Any) -> No
     url = str(tmp_path / "log")
     write_store_history(url, rounds=2, keys=10)
     df = spark.read.format("persistlog").load(url)
-    with pytest.raises(ValueError, match="key="):
+    # The message names the function it suggests by its full name (the record is JSON text).
+    with pytest.raises(ValueError, match=r"pass key= as a column expression \(e\.g\. "
+                       r"pyspark\.sql\.functions\.get_json_object\('record', '\$\.id'\)\)"):
         spark_replay.state(df)
     live = spark_replay.state(
         df,
