@@ -90,6 +90,7 @@ def spark(cfg: Config, s: Scratch) -> Sequence[Figure]:
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(tree_cpu_seconds() - c0)
     assert session.read.format("persistlog").load(root).count() == n
+    assert session.read.format("persistlog").load(one).count() == n  # both sides read the same rows
     t0 = time.perf_counter()
     parts = plan(replace(ReadOptions.parse({"path": root}), log_set=True))
     planning = time.perf_counter() - t0
