@@ -80,6 +80,7 @@ import persistlog
 url = sys.argv[1]
 codec = persistlog.Codec()
 calls = {"n": 0}
+partial = []
 
 
 class Part:
@@ -88,6 +89,11 @@ class Part:
 
 def encode(part):
     calls["n"] += 1
+    if calls["n"] <= 2:
+        # What the record's encoding put in the batch buffer so far, past its last whole
+        # record: the pad, which outgrows the CBOR encoder's own buffer.
+        buffer = lg._buffer
+        partial.append(buffer._fp.tell() - buffer._pos)
     if calls["n"] == 1:
         raise KeyboardInterrupt("inside the encoder")
     if calls["n"] == 2:
@@ -99,11 +105,11 @@ codec.register("part", Part, encode=encode, decode=lambda fields: Part())
 lg = persistlog.open(url, lambda emit: None, codec=codec)
 out = {"accelerated": lg._buffer.accelerated, "lsns": [lg.update({"i": 0})]}
 try:
-    lg.update({"pad": "x" * 300, "part": Part(), "after": "y" * 300})
+    lg.update({"pad": "x" * 9000, "part": Part(), "after": "y" * 300})
 except KeyboardInterrupt as e:
     out["interrupt"] = str(e)
 try:
-    lg.update({"pad": "z" * 300, "part": Part()})
+    lg.update({"pad": "z" * 9000, "part": Part()})
 except TypeError as e:
     out["type_error"] = str(e)
 out["lsns"].append(lg.update({"i": 1}))
@@ -117,6 +123,7 @@ lg.close()
 records = []
 persistlog.restore(url, records.append, codec=codec)
 out["records"] = [sorted(r) for r in records]
+out["partial"] = partial
 print(json.dumps(out))
 """
 
@@ -135,6 +142,9 @@ def test_an_interruption_inside_the_encoder_leaves_nothing_half_staged(tmp_path:
     assert out["worker_done"]
     assert out["lsns"] == [1, 2, 3, 4]
     assert out["records"] == [["i"], ["i"], ["i"], ["i", "part"]]
+    # Each failed encoding had written part of its record (the pad) to the buffer: the
+    # blocked buffer's next append cut it.
+    assert len(out["partial"]) == 2 and min(out["partial"]) > 9000, out["partial"]
 
 
 
@@ -382,3 +392,39 @@ def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: 
     assert s["batches"] == len(at_primary) and s["bytes"] == sum(map(len, at_primary)), (s, len(at_primary))
     # Each update was written at once, in a batch of its own (its retry, in another).
     assert s["batches"] - before["batches"] == s["updates"] - before["updates"] >= 20
+
+
+@pytest.mark.slow
+def test_an_interruption_while_a_big_record_is_taken_out_of_the_buffer_leaves_nothing_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record too big for the batch buffer is encoded there first, then taken out of it
+    for the slow path: an interruption in between leaves its bytes past the buffer's last
+    whole record, and the buffer blocked, so that the next update cuts them; the record
+    itself is refused as too large. On the path update()'s staging takes here (C where
+    the accelerator is built)."""
+    from persistlog._batch_buffer import BatchBuffer
+
+    real = BatchBuffer._take_back
+    taken: list[int] = []
+
+    def take_back(buffer: Any, pos: int, end: int) -> bytes:
+        taken.append(end - pos)
+        if len(taken) == 1:
+            raise KeyboardInterrupt("while a big record is taken out of the buffer")
+        return real(buffer, pos, end)
+
+    monkeypatch.setattr(BatchBuffer, "_take_back", take_back)
+    url = str(tmp_path / "log")
+    big = {"big": "b" * (32 * 1024 * 1024)}  # over the 32 MiB a record may take
+    with persistlog.open(url, lambda emit: None) as lg:
+        assert lg.update({"i": 0}) == 1
+        with pytest.raises(KeyboardInterrupt):
+            lg.update(big)
+        assert lg.update({"i": 1}) == 2
+        with pytest.raises(ValueError, match="exceeds"):
+            lg.update(big)
+        assert lg.update({"i": 2}) == 3
+    assert len(taken) == 2 and min(taken) > 32 * 1024 * 1024
+    records: list[Any] = []
+    persistlog.restore(url, records.append)
+    assert records == [{"i": 0}, {"i": 1}, {"i": 2}]
