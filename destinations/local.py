@@ -88,7 +88,8 @@ class LocalDestination(Destination):
         return os.path.join(self.path, check_name(name))
 
     def ensure(self) -> None:
-        """Create the directory and missing parents, making each new entry durable."""
+        """Create the directory and missing parents, making each new entry durable; a file
+        where it (or a parent) would be is ``NotADirectoryError``."""
         missing: list[str] = []
         path = self.path
         while not os.path.isdir(path):
@@ -99,7 +100,11 @@ class LocalDestination(Destination):
             path = parent
         if not missing:
             return
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except FileExistsError:
+            # A file where the directory would be: said as every other call there says it.
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.path) from None
         # A new directory is durable only once its parent's entry is.
         for created in reversed(missing):
             fsync_dir(os.path.dirname(created) or os.sep)

@@ -46,6 +46,19 @@ def test_ensure_makes_parents(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "b c" / "d.e").is_dir()
 
 
+def test_ensure_where_a_file_is_says_not_a_directory(tmp_path: Path) -> None:
+    """A file where the directory (or a parent) would be: ensure() says so as every other
+    call there does, so that a writer reports it alike whichever call met it first."""
+    (tmp_path / "f").write_text("x")
+    for path in (tmp_path / "f", tmp_path / "f" / "log"):
+        dest = open_destination(str(path))
+        with pytest.raises(NotADirectoryError, match="Not a directory"):
+            dest.ensure()
+        with pytest.raises(NotADirectoryError):
+            dest.replace("CURRENT", b"1")
+    assert (tmp_path / "f").read_text() == "x"
+
+
 def test_create_and_replace_leave_no_temp_files(tmp_path: Path) -> None:
     dest = open_destination(str(tmp_path))
     dest.ensure()

@@ -298,7 +298,11 @@ def test_local_secondary_replaced_by_a_file_is_detached_then_reattached(tmp_path
     lg = app.open(primary, secondaries=[str(sec)])
     try:
         app.churn(60)
-        lg.rotate()
+        first = lg.rotate()
+        # The secondary has taken that log in whole (its CURRENT moved): the swap below is
+        # two steps, and a pointer moved between them would meet no directory at all.
+        wait_until(lambda: (secondary(lg, str(sec))["complete_log"] or 0) >= first, 10,
+                   lambda: str(secondary(lg, str(sec))))
         moved = tmp_path / "moved-away"
         os.rename(sec, moved)
         sec.write_text("someone put a file here")
