@@ -301,6 +301,7 @@ def deliveries(path: Path) -> dict[str, list[tuple[str, int, int]]]:
     return out
 
 
+@pytest.mark.slow
 def test_sigkill_redelivers_only_what_was_not_committed(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     total = 900
@@ -315,6 +316,11 @@ def test_sigkill_redelivers_only_what_was_not_committed(tmp_path: Path) -> None:
             child = Proc("consumer.py", cfg, tmp_path, f"consumer{run}", stdout=f)
         try:
             if run == 0:
+                # The writer goes on once the child added (registered) its consumers: each
+                # then has hundreds of records ahead of it, however late the child started,
+                # so that the kill lands mid-stream for every one of them.
+                wait_until(lambda: sum(line.startswith("S") for line in out.read_text().splitlines()) == len(names),
+                           timeout=60, describe=lambda: f"{out.read_text()!r} {child.stderr()}")
                 for i in range(300, total):
                     lg.update({"i": i})
                     if i % 50 == 0:

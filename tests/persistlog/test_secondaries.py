@@ -292,6 +292,7 @@ def test_failing_secondary_is_detached_then_reattached(tmp_path: Path, clean_mem
     assert restore_state(primary)[0] == app.data
 
 
+@pytest.mark.slow
 def test_local_secondary_replaced_by_a_file_is_detached_then_reattached(tmp_path: Path) -> None:
     primary, sec = str(tmp_path / "primary"), tmp_path / "secondary"
     app = ChurningApp()
