@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from destinations import Destination
+from destinations import Destination, subdirectories
 
 from . import _format as F
 from ._chain import hash_soon
@@ -284,6 +284,14 @@ def why_no_log(dest: Destination) -> str | None:
         return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"
     if not dest.exists():
         return dest.describe_missing()
+    try:
+        dirs = subdirectories(dest.url, dest.storage_options)
+    except (OSError, ValueError):
+        dirs = []
+    if dirs:
+        shown = ", ".join(f"{d}/" for d in dirs[:3]) + (", ..." if len(dirs) > 3 else "")
+        return (f"it holds {len(dirs)} director{'ies' if len(dirs) != 1 else 'y'} ({shown}) and no log "
+                "segment: a directory above a log (a log set's shard?); name the log's own directory")
     return "it is empty"
 
 

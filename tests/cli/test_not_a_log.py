@@ -221,3 +221,15 @@ def test_tail_follow_wait_waits_for_a_log_in_a_directory_not_made_yet(tmp_path: 
         deadline.cancel()
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_log_sets_shard_directory_is_named_as_a_directory_above_a_log(tmp_path: Path, command: str) -> None:
+    # A shard directory holds only the keys' directories: it is no empty log.
+    logs = persistlog.LogSet(str(tmp_path / "broker"))
+    logs.open("alice", lambda emit: None).close()
+    shard = os.path.dirname(logs.url("alice"))
+    run = cli(command, shard)
+    assert run.status == 2
+    assert f"no persistlog log at {shard}: it holds 1 directory (alice/) and no log segment" in run.err
+    assert os.listdir(shard) == ["alice"]
