@@ -130,6 +130,7 @@ class Consumer:
         on_reset: Callable[[str], Any] | None,
         position: Cursor | None,
         committed: Cursor | None,
+        fresh: bool = False,
     ) -> None:
         self.name = name
         self._group = group
@@ -145,6 +146,9 @@ class Consumer:
         #: How many times it started over (``on_reset``), and why the last time.
         self.resets = 0
         self.last_reset: str | None = None
+        # Placed at the newest complete log by the group itself (no position handed in,
+        # none stored), and handed nothing yet: see _reset.
+        self._fresh = fresh
 
     @property
     def position(self) -> Cursor | None:
@@ -223,7 +227,14 @@ class Consumer:
 
     def _reset(self, why: str, start: Cursor | None) -> None:
         """Start over from ``start`` (``on_reset(why)`` first), or stop with
-        :class:`ResetRequired` without ``on_reset``."""
+        :class:`ResetRequired` without ``on_reset``. A consumer the group placed itself
+        and that was handed nothing yet just moves: it starts at the newest complete log,
+        which is ``start`` now, and the app built nothing from the one before."""
+        if self._fresh and self.delivered_records == 0:
+            log.info("consumer %r of %s, handed nothing yet, starts at the newest complete log: %s",
+                     self.name, self._group.url, why)
+            self._position = start
+            return
         if self._on_reset is None:
             self._stop(ResetRequired(f"consumer {self.name!r} of {self._group.url} cannot go on from "
                                      f"{self._position}: {why}"),
@@ -330,7 +341,8 @@ class ConsumerGroup:
         ``position`` that is no place in the log (not a batch boundary, or an LSN not due
         there) raises ``ValueError``.
         ``on_reset(reason)`` is called when what its position needs was deleted; the
-        consumer then starts again from the newest complete log.
+        consumer then starts again from the newest complete log (one placed there by the
+        group and handed nothing yet just moves to the newest, with no reset).
         """
         return self._add(name, _handler(replay, replay_batch, on_batch), on_reset, position)
 
@@ -354,7 +366,8 @@ class ConsumerGroup:
         with self._lock:
             if name in self._consumers:
                 raise ValueError(f"consumer {name!r} is in this group already")
-            consumer = Consumer(self, name, handler, on_reset, start, committed)
+            consumer = Consumer(self, name, handler, on_reset, start, committed,
+                                fresh=position is None and committed is None)
             self._consumers[name] = consumer
             self._serving = self._live()
             self._ask_rewind(consumer)

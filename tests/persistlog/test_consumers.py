@@ -483,3 +483,27 @@ def test_a_failed_commit_is_retried_and_stops_nobody(clean_memory_fs: None, inte
     assert ("pipe_file", plan.calls["pipe_file"]) not in plan.fired  # the last one went through
     assert len([f for f in plan.fired if f[0] == "pipe_file"]) == 2
     assert group.error is None and group["c"].error is None and got.items == list(range(40))
+
+
+@pytest.mark.parametrize("on_reset", [True, False])
+def test_a_new_consumer_whose_start_went_before_it_read_just_starts_at_the_newest_log(
+    tmp_path: Path, on_reset: bool
+) -> None:
+    # Placed at the newest complete log, it was handed nothing when retention deleted that
+    # log (no position stored: nothing kept it): no reset, no ResetRequired, it starts at
+    # the newest complete log as a new consumer does.
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, no_state, **STREAM, retain=1)
+    write(lg, 0, 10)
+    group = persistlog.consumers(url, poll_interval=0.02, store_positions=False)
+    got = Collect()
+    reasons: list[str] = []
+    c = group.add("new", on_batch=got, on_reset=reasons.append if on_reset else None)
+    lg.rotate()
+    lg.rotate()  # log 1, where it was placed, is gone
+    write(lg, 10, 5)
+    with group:
+        assert c.wait_caught_up(20)
+    lg.close()
+    assert (c.resets, reasons, c.error) == (0, [], None)
+    assert got.items == list(range(10, 15))
