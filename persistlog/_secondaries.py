@@ -501,12 +501,14 @@ class Secondary:
             raise RuntimeError(f"events of log {sw.seq} were dropped while the secondary was busy")
         if kind == "batch":
             _, _, data, first, end = event
+            written = sw.bytes_written
             sw.append(data, first, end)  # nothing if it holds it (handed over again)
             self._head = self._end_head = sw.head
             self._next_lsn = end
             self._end = (sw.seq, end)
-            self.batches += 1
-            self.bytes += len(data)
+            if sw.bytes_written != written:  # counted once, not again when handed over again
+                self.batches += 1
+                self.bytes += len(data)
             if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
                 self._flush(sw)
         elif kind == "seal":

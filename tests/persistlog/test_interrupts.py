@@ -360,6 +360,7 @@ def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: 
 
     url = str(tmp_path / "log")
     at_primary: dict[bytes, None] = {}  # the distinct batches the primary's segment writers took
+    at_secondary: dict[bytes, None] = {}  # ... and the secondary's
     real_append, real_batch = AppendSegments.append, Secondary.batch
     armed = [False]
     interrupted = [0]
@@ -368,6 +369,8 @@ def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: 
         real_append(sw, data, first_lsn, next_lsn)
         if sw.dest.url == url:
             at_primary[data] = None
+        else:
+            at_secondary[data] = None
 
     def batch(secondary: Any, data: bytes, first: int, end: int) -> None:
         real_batch(secondary, data, first, end)
@@ -390,6 +393,9 @@ def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: 
     lg.close()
     assert interrupted[0] == 20
     assert s["batches"] == len(at_primary) and s["bytes"] == sum(map(len, at_primary)), (s, len(at_primary))
+    secondary = lg.stats()["destinations"][1]
+    assert secondary["batches"] == len(at_secondary) >= 20, (secondary, len(at_secondary))
+    assert secondary["bytes"] == sum(map(len, at_secondary))
     # Each update was written at once, in a batch of its own (its retry, in another).
     assert s["batches"] - before["batches"] == s["updates"] - before["updates"] >= 20
 
