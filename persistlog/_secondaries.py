@@ -501,12 +501,12 @@ class Secondary:
             raise RuntimeError(f"events of log {sw.seq} were dropped while the secondary was busy")
         if kind == "batch":
             _, _, data, first, end = event
-            written = sw.bytes_written
-            sw.append(data, first, end)  # nothing if it holds it (handed over again)
+            new = not sw.holds(data, first, end)  # False: handed over again
+            sw.append(data, first, end)  # nothing if it holds it
             self._head = self._end_head = sw.head
             self._next_lsn = end
             self._end = (sw.seq, end)
-            if sw.bytes_written != written:  # counted once, not again when handed over again
+            if new:
                 self.batches += 1
                 self.bytes += len(data)
             if sw.dest.appendable or getattr(sw, "pending_bytes", 0) >= self.segment_bytes:
