@@ -1574,6 +1574,66 @@ staging_dealloc(Staging *self)
     tp->tp_free((PyObject *)self);
 }
 
+/* A snapshot record at ``off`` (from the buffer's first LSN) joins the runs of snapshot
+ * records ([start, end, start, end...], BatchBuffer._add_snapshots): a run that ends there
+ * grows. On failure (memory) the runs are as they were. */
+static int
+staging_add_snapshot(Staging *self, long long off)
+{
+    PyObject *runs = self->snap;
+    PyObject *start = NULL, *end = PyLong_FromLongLong(off + 1);
+    if (end == NULL)
+        return -1;
+    if (runs == NULL || runs == Py_None) {
+        runs = PyList_New(2);
+        start = PyLong_FromLongLong(off);
+        if (runs == NULL || start == NULL)
+            goto fail;
+        PyList_SET_ITEM(runs, 0, start);
+        PyList_SET_ITEM(runs, 1, end);
+        Py_XSETREF(self->snap, runs);
+        return 0;
+    }
+    if (!PyList_Check(runs)) {
+        PyErr_SetString(PyExc_TypeError, "_snap must be a list or None");
+        Py_DECREF(end);
+        return -1;
+    }
+    Py_INCREF(runs);
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    if (n >= 2) {
+        PyObject *last = PyList_GET_ITEM(runs, n - 1);
+        long long at = PyLong_AsLongLong(last);
+        if (at == -1 && PyErr_Occurred())
+            goto fail;
+        if (at == off) {
+            PyList_SET_ITEM(runs, n - 1, end);  /* steals end */
+            Py_DECREF(last);
+            Py_DECREF(runs);
+            return 0;
+        }
+    }
+    start = PyLong_FromLongLong(off);
+    if (start == NULL || PyList_Append(runs, start) < 0)
+        goto fail;
+    if (PyList_Append(runs, end) < 0) {
+        PyObject *err_type, *err_value, *err_tb;
+        PyErr_Fetch(&err_type, &err_value, &err_tb);
+        (void)PyList_SetSlice(runs, n, n + 1, NULL);  /* the start goes again */
+        PyErr_Restore(err_type, err_value, err_tb);
+        goto fail;
+    }
+    Py_DECREF(start);
+    Py_DECREF(end);
+    Py_DECREF(runs);
+    return 0;
+fail:
+    Py_XDECREF(start);
+    Py_DECREF(end);
+    Py_XDECREF(runs);
+    return -1;
+}
+
 /* The slow path: BatchBuffer.stage(record, snapshot), which takes the lock itself. */
 static PyObject *
 staging_slow(Staging *self, PyObject *record, PyObject *snapshot)
@@ -1648,26 +1708,11 @@ staging_stage_fast(Staging *self, PyObject *const *args, Py_ssize_t nargs)
         return data;
     }
     long long lsn = self->next_lsn;
-    if (snapshot) {
-        /* A snapshot record: its offset from the buffer's first LSN joins the list, before
-         * the record counts (if this fails, the record is cut as an interrupted one). */
-        if (self->snap == NULL || self->snap == Py_None) {
-            PyObject *snap = PyList_New(0);
-            if (snap == NULL) {
-                self->blocked = 1;
-                staging_release(self);
-                return NULL;
-            }
-            Py_XSETREF(self->snap, snap);
-        }
-        PyObject *off = PyLong_FromLongLong(lsn - self->first);
-        if (off == NULL || PyList_Append(self->snap, off) < 0) {
-            Py_XDECREF(off);
-            self->blocked = 1;
-            staging_release(self);
-            return NULL;
-        }
-        Py_DECREF(off);
+    if (snapshot && staging_add_snapshot(self, lsn - self->first) < 0) {
+        /* Out of memory: the record is cut as an interrupted one. */
+        self->blocked = 1;
+        staging_release(self);
+        return NULL;
     }
     self->pos = end;
     self->next_lsn = lsn + 1;
@@ -1724,7 +1769,7 @@ static PyMemberDef staging_members[] = {
     {"_batch_bytes", T_PYSSIZET, offsetof(Staging, batch_bytes), 0, "the batch size that hands a batch over"},
     {"_next_lsn", T_LONGLONG, offsetof(Staging, next_lsn), 0, "the LSN the next record gets"},
     {"_first", T_LONGLONG, offsetof(Staging, first), 0, "the LSN of the buffer's first record"},
-    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' offsets from _first (a list, or None)"},
+    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' runs of offsets from _first, [start, end...] (a list, or None)"},
     {"_cut_lsn", T_LONGLONG, offsetof(Staging, cut_lsn), 0, "the LSN that hands a batch over"},
     {"_blocked", T_BOOL, offsetof(Staging, blocked), 0, "appends take the slow path"},
     {"_enc_encode", T_OBJECT_EX, offsetof(Staging, encode), 0, "encode(record) -> the buffer's new end"},
