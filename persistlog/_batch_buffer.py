@@ -98,8 +98,10 @@ class _Staging:
 
 try:
     from ._cbor_json import Staging as _CStaging
+    from ._cbor_json import encode_subset as _encode_subset
 except ImportError:  # built without a C compiler (or before the type existed)
     _CStaging = None
+    _encode_subset = None
 if TYPE_CHECKING:
     _Base = _Staging
 else:
@@ -247,13 +249,16 @@ class BatchBuffer(_Base):
         """The records of an ``update_many()`` (or a chunk of ``emit.many()``'s) as a list,
         and their encoded bytes one after another; raises before anything is appended."""
         items = records_list(records, "update_many()", "update()")
-        check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
-        try:
-            encoded = self._codec.encode(items)
-        except Exception as e:
-            raise encode_error(e) from None
+        # The list is one level more than its records.
+        encoded = _encode_subset(items, _MAX_DEPTH + 1) if _encode_subset is not None else None
+        if encoded is None:
+            check_depth(items, limit=_MAX_DEPTH + 1)
+            try:
+                encoded = self._codec.encode(items)
+            except Exception as e:
+                raise encode_error(e) from None
         body = memoryview(encoded)[_array_header_len(len(items)):]
         if len(body) > BATCH_FILL:
             # One batch is what a crash keeps or drops whole: a bigger call could be torn.
