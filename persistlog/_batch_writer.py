@@ -288,6 +288,10 @@ class BatchWriter:
                 staged = self._buffer.fast_stage(record, True)
                 if not isinstance(staged, bytes):
                     shared.hint(staged if isinstance(staged, int) else staged[0], (record,))
+        if type(staged) is int:  # the usual case: buffered (staged() inlined)
+            if not self.flush_armed:
+                self.arm_flush()
+            return
         lsn, full = self.staged(staged, True)
         if full:
             self.commit(lsn, durable=False)
