@@ -1027,15 +1027,23 @@ PyDoc_STRVAR(nesting_depth_doc,
 "as cbor2 recurses into them; ``limit + 1`` as soon as it is deeper than ``limit``\n"
 "(a value that contains itself is). Uses no C recursion.");
 
+/* The arguments (value, limit) of nesting_depth and encode_subset: 0, or -1 with an
+ * error set. */
+static int
+value_and_limit(Py_ssize_t nargs, PyObject *const *args, const char *usage, Py_ssize_t *limit)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    return depth_limit_arg(args[1], limit);
+}
+
 static PyObject *
 nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t limit;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "nesting_depth(value, limit) takes 2 arguments");
-        return NULL;
-    }
-    if (depth_limit_arg(args[1], &limit) < 0)
+    if (value_and_limit(nargs, args, "nesting_depth(value, limit) takes 2 arguments", &limit) < 0)
         return NULL;
     Py_ssize_t depth = depth_of(args[0], limit);
     return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
@@ -1242,24 +1250,24 @@ cbor_value(Out *o, PyObject *x, Py_ssize_t level, Py_ssize_t limit)
 static Out cbor_scratch;
 #define CBOR_SCRATCH_KEEP (1 << 16)
 
-/* ``value`` as cbor2 encodes it (in the scratch buffer), if ``value`` is of the common
- * subset and nests at most ``limit`` deep: OK; else FALLBACK; NOMEM with no memory. */
-static int
-cbor_subset(PyObject *value, Py_ssize_t limit)
+/* ``value`` as cbor2 encodes it, as a new bytes object, if ``value`` is of the common
+ * subset and nests at most ``limit`` deep; else a new reference to None; NULL with an
+ * error set (no memory). */
+static PyObject *
+cbor_subset_bytes(PyObject *value, Py_ssize_t limit)
 {
-    cbor_scratch.len = 0;
-    return cbor_value(&cbor_scratch, value, 0, limit);
-}
-
-static void
-cbor_scratch_done(void)
-{
-    if (cbor_scratch.cap > CBOR_SCRATCH_KEEP) {
-        PyMem_Free(cbor_scratch.buf);
-        cbor_scratch.buf = NULL;
-        cbor_scratch.cap = 0;
+    Out *o = &cbor_scratch;
+    o->len = 0;
+    int rc = cbor_value(o, value, 0, limit);
+    PyObject *result = rc == OK ? PyBytes_FromStringAndSize(o->buf, o->len)
+                     : rc == NOMEM ? PyErr_NoMemory() : Py_NewRef(Py_None);
+    if (o->cap > CBOR_SCRATCH_KEEP) {
+        PyMem_Free(o->buf);
+        o->buf = NULL;
+        o->cap = 0;
     }
-    cbor_scratch.len = 0;
+    o->len = 0;
+    return result;
 }
 
 PyDoc_STRVAR(encode_subset_doc,
@@ -1272,22 +1280,9 @@ static PyObject *
 encode_subset(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t limit;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "encode_subset(value, limit) takes 2 arguments");
+    if (value_and_limit(nargs, args, "encode_subset(value, limit) takes 2 arguments", &limit) < 0)
         return NULL;
-    }
-    if (depth_limit_arg(args[1], &limit) < 0)
-        return NULL;
-    int rc = cbor_subset(args[0], limit);
-    PyObject *result;
-    if (rc == OK)
-        result = PyBytes_FromStringAndSize(cbor_scratch.buf, cbor_scratch.len);
-    else if (rc == NOMEM)
-        result = PyErr_NoMemory();
-    else
-        result = Py_NewRef(Py_None);
-    cbor_scratch_done();
-    return result;
+    return cbor_subset_bytes(args[0], limit);
 }
 
 /* depth_checked(): ``encode`` behind the depth check, then ``position()``, as one builtin
@@ -1305,12 +1300,10 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 1));
     if (PyTuple_GET_SIZE(state) > 4) {
         /* The common subset, encoded here and written in one call. */
-        int rc = cbor_subset(args[0], limit);
-        if (rc != FALLBACK) {
-            PyObject *data = rc == OK ? PyBytes_FromStringAndSize(cbor_scratch.buf, cbor_scratch.len) : PyErr_NoMemory();
-            cbor_scratch_done();
-            if (data == NULL)
-                return NULL;
+        PyObject *data = cbor_subset_bytes(args[0], limit);
+        if (data == NULL)
+            return NULL;
+        if (data != Py_None) {
             PyObject *written = PyObject_CallOneArg(PyTuple_GET_ITEM(state, 4), data);
             Py_DECREF(data);
             if (written == NULL)
@@ -1318,7 +1311,7 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(written);
             return PyObject_CallNoArgs(PyTuple_GET_ITEM(state, 3));
         }
-        cbor_scratch_done();
+        Py_DECREF(data);
     }
     Py_ssize_t depth = depth_of(args[0], limit);
     if (depth < 0)
