@@ -21,11 +21,16 @@ from persistlog import _format as F
 from hypothesis_profiles import active_profile
 
 try:
-    from persistlog._cbor_json import encode_subset
-except ImportError:
-    encode_subset = None
+    from persistlog import _cbor_json
+except ImportError:  # built without a C compiler
+    _cbor_json = None
 
-pytestmark = pytest.mark.skipif(encode_subset is None, reason="the C accelerator is not built")
+pytestmark = pytest.mark.skipif(_cbor_json is None, reason="the C accelerator is not built")
+
+
+def encode_subset(value: Any, limit: int) -> bytes | None:
+    result: bytes | None = _cbor_json.encode_subset(value, limit)
+    return result
 
 LIMIT = F.MAX_RECORD_DEPTH
 
