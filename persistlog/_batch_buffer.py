@@ -416,4 +416,6 @@ class BatchBuffer(_Base):
         return data
 
 
-__all__ = ["BATCH_FILL", "KEEP_ENCODER_BYTES", "NEVER", "BatchBuffer", "Taking", "snapshot_count", "snapshot_offsets", "too_large"]
+__all__ = [
+    "BATCH_FILL", "KEEP_ENCODER_BYTES", "NEVER", "BatchBuffer", "Taking", "snapshot_count", "snapshot_offsets", "too_large",
+]

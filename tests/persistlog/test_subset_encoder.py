@@ -42,7 +42,9 @@ scalars = (
     | st.text()
     | st.binary()
 )
-keys = st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8) | st.floats(allow_nan=False)
+keys = (
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.binary(max_size=8) | st.floats(allow_nan=False)
+)
 subset = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=6)
