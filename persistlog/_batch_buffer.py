@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import _format as F
@@ -49,8 +49,22 @@ NEVER = 1 << 62
 #: record each: 1 GB), and one idle since its enumeration some 900 bytes.
 KEEP_ENCODER_BYTES = 1024
 
-#: Records detached for a batch: (payload, snapshot offsets, first LSN, next LSN).
+#: Records detached for a batch: (payload, snapshot runs, first LSN, next LSN). The snapshot
+#: records are given as runs of offsets from the first LSN, ``[start, end, start, end...]``
+#: (an enumeration's records are one run, whatever their number).
 Taking = tuple[bytes, list[int], int, int]
+
+
+def snapshot_count(runs: list[int]) -> int:
+    """The records that snapshot runs (:data:`Taking`) hold."""
+    return sum(runs[1::2]) - sum(runs[0::2])
+
+
+def snapshot_offsets(runs: list[int]) -> Sequence[int]:
+    """The offsets that snapshot runs (:data:`Taking`) hold, in order."""
+    if len(runs) == 2:
+        return range(runs[0], runs[1])
+    return [i for start, end in zip(runs[::2], runs[1::2]) for i in range(start, end)]
 
 
 def too_large(n: int) -> ValueError:
@@ -84,8 +98,10 @@ class _Staging:
 
 try:
     from ._cbor_json import Staging as _CStaging
+    from ._cbor_json import encode_subset as _encode_subset
 except ImportError:  # built without a C compiler (or before the type existed)
     _CStaging = None
+    _encode_subset = None
 if TYPE_CHECKING:
     _Base = _Staging
 else:
@@ -107,7 +123,7 @@ class BatchBuffer(_Base):
         self._enc_encode = self._start_encoder  # returns the buffer's new end
         self._pos = 0  # the end of the last whole record
         self._first = next_lsn  # the LSN of the buffer's first record
-        self._snap = None  # snapshot records' offsets from _first
+        self._snap = None  # snapshot records' runs of offsets from _first (see Taking)
         self._blocked = False  # refusing or interrupted: the slow path sorts it out
         self._refusal: Callable[[], None] | None = None  # raises the log's failed/closed error
         self._next_lsn = next_lsn
@@ -153,9 +169,7 @@ class BatchBuffer(_Base):
             self._pos = end
             lsn = self._next_lsn
             if snapshot:
-                if self._snap is None:
-                    self._snap = []
-                self._snap.append(lsn - self._first)
+                self._add_snapshots(lsn - self._first, 1)
                 self._next_lsn = lsn + 1
                 return (lsn,) if end >= self._batch_bytes else lsn
             self._next_lsn = lsn + 1
@@ -181,10 +195,7 @@ class BatchBuffer(_Base):
             fp.write(body)
             self._pos = end
             if snapshot:
-                first = self._next_lsn - self._first
-                if self._snap is None:
-                    self._snap = []
-                self._snap.extend(range(first, first + n))
+                self._add_snapshots(self._next_lsn - self._first, n)
             self._next_lsn += n
             self._blocked = self._refusal is not None
             lsn = self._next_lsn - 1
@@ -221,9 +232,7 @@ class BatchBuffer(_Base):
                     end += size
                     self._pos = end
                     if snapshot:
-                        if self._snap is None:
-                            self._snap = []
-                        self._snap.append(self._next_lsn - self._first)
+                        self._add_snapshots(self._next_lsn - self._first, 1)
                     self._next_lsn += 1
                     i += 1
                 lsn = self._next_lsn - 1
@@ -240,13 +249,16 @@ class BatchBuffer(_Base):
         """The records of an ``update_many()`` (or a chunk of ``emit.many()``'s) as a list,
         and their encoded bytes one after another; raises before anything is appended."""
         items = records_list(records, "update_many()", "update()")
-        check_depth(items, limit=_MAX_DEPTH + 1)  # the list is one level more
         # One encoder call for the whole list is much cheaper than one per record: encode
         # it as an array and keep only the items (the array header is 1-9 bytes long).
-        try:
-            encoded = self._codec.encode(items)
-        except Exception as e:
-            raise encode_error(e) from None
+        # The list is one level more than its records.
+        encoded = _encode_subset(items, _MAX_DEPTH + 1) if _encode_subset is not None else None
+        if encoded is None:
+            check_depth(items, limit=_MAX_DEPTH + 1)
+            try:
+                encoded = self._codec.encode(items)
+            except Exception as e:
+                raise encode_error(e) from None
         body = memoryview(encoded)[_array_header_len(len(items)):]
         if len(body) > BATCH_FILL:
             # One batch is what a crash keeps or drops whole: a bigger call could be torn.
@@ -352,6 +364,17 @@ class BatchBuffer(_Base):
 
     # -- inside ---------------------------------------------------------------------------
 
+    def _add_snapshots(self, offset: int, n: int) -> None:
+        """The ``n`` records from ``offset`` (from ``_first``) are snapshot records: they
+        join the runs (holds ``_lock``; a run that ends there grows)."""
+        runs = self._snap
+        if runs is None:
+            self._snap = [offset, offset + n]
+        elif runs[-1] == offset:
+            runs[-1] = offset + n
+        else:
+            runs += (offset, offset + n)
+
     def _buffer(self) -> io.BytesIO:
         """The buffer, made at the first append (holds ``_lock``)."""
         fp = self._fp = io.BytesIO()
@@ -393,4 +416,6 @@ class BatchBuffer(_Base):
         return data
 
 
-__all__ = ["BATCH_FILL", "KEEP_ENCODER_BYTES", "NEVER", "BatchBuffer", "Taking", "too_large"]
+__all__ = [
+    "BATCH_FILL", "KEEP_ENCODER_BYTES", "NEVER", "BatchBuffer", "Taking", "snapshot_count", "snapshot_offsets", "too_large",
+]

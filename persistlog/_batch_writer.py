@@ -39,7 +39,7 @@ from destinations import Destination
 
 from . import _encoder
 from . import _format as F
-from ._batch_buffer import BatchBuffer, Taking
+from ._batch_buffer import BatchBuffer, Taking, snapshot_count, snapshot_offsets
 from ._crypt import Keyring
 from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
 from ._group_commit import GroupCommit
@@ -288,6 +288,10 @@ class BatchWriter:
                 staged = self._buffer.fast_stage(record, True)
                 if not isinstance(staged, bytes):
                     shared.hint(staged if isinstance(staged, int) else staged[0], (record,))
+        if type(staged) is int:  # the usual case: buffered (staged() inlined)
+            if not self.flush_armed:
+                self.arm_flush()
+            return
         lsn, full = self.staged(staged, True)
         if full:
             self.commit(lsn, durable=False)
@@ -309,7 +313,7 @@ class BatchWriter:
         cannot be encoded raises before anything of its chunk is appended."""
         buffer = self._buffer
         for i in range(0, len(records), EMIT_CHUNK):
-            chunk = records[i : i + EMIT_CHUNK]
+            chunk = records if len(records) <= EMIT_CHUNK else records[i : i + EMIT_CHUNK]
             try:
                 _, body = buffer.encode_many(chunk)
             except ValueError:
@@ -403,8 +407,8 @@ class BatchWriter:
         payload, snaps, first, end = taking
         shared = self._shared
         share = None if shared is None or not snaps else (lambda raw: shared.share(raw, first, end))
-        return _encoder.record_batch(payload, end - first, snaps, first, now_us(), self._compression, self._head,
-                                     self._keys, share)
+        return _encoder.record_batch(payload, end - first, snapshot_offsets(snaps), first, now_us(), self._compression,
+                                     self._head, self._keys, share)
 
     def _hand_over(self, flush: bool) -> None:
         """Give the detached batch to the segment writer (and the secondaries)."""
@@ -418,14 +422,15 @@ class BatchWriter:
         except BaseException:
             self.arm_flush()  # an interrupted hand-over is handed over again by the next flush
             raise
-        n_updates = end - first - len(snaps)
+        n_snaps = snapshot_count(snaps)
+        n_updates = end - first - n_snaps
         buffer.handed_over()
         if self._shared is not None:
             self._shared.handed_over(end)
         self._count_batch(data)
         c = self._counts
         c["updates"] += n_updates
-        c["snapshot_records"] += len(snaps)
+        c["snapshot_records"] += n_snaps
         self._log_update_records += n_updates
         self._checkpoint(end, flush)
         if self._on_batch is not None:

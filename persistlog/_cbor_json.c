@@ -1027,18 +1027,262 @@ PyDoc_STRVAR(nesting_depth_doc,
 "as cbor2 recurses into them; ``limit + 1`` as soon as it is deeper than ``limit``\n"
 "(a value that contains itself is). Uses no C recursion.");
 
+/* The arguments (value, limit) of nesting_depth and encode_subset: 0, or -1 with an
+ * error set. */
+static int
+value_and_limit(Py_ssize_t nargs, PyObject *const *args, const char *usage, Py_ssize_t *limit)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    return depth_limit_arg(args[1], limit);
+}
+
 static PyObject *
 nesting_depth(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t limit;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "nesting_depth(value, limit) takes 2 arguments");
-        return NULL;
-    }
-    if (depth_limit_arg(args[1], &limit) < 0)
+    if (value_and_limit(nargs, args, "nesting_depth(value, limit) takes 2 arguments", &limit) < 0)
         return NULL;
     Py_ssize_t depth = depth_of(args[0], limit);
     return depth < 0 ? NULL : PyLong_FromSsize_t(depth);
+}
+
+/* ---- Records as CBOR, the common subset ------------------------------------------------
+ *
+ * The writer's encoder for what records are usually made of -- exact dicts, lists and
+ * tuples around exact strs, bytes, ints of up to 64 bits, finite and infinite floats,
+ * bools and None -- writing exactly the bytes cbor2's encoder writes for them (cbor2
+ * 6.x, not canonical: definite lengths, the shortest head, every finite float as a
+ * double, dicts in their order). Anything else in a record (another type, a subclass,
+ * a bigger int, a NaN, a str with a lone surrogate, nesting deeper than the limit)
+ * gives FALLBACK for the whole record, and the caller encodes it with cbor2 as before.
+ * So cbor2 stays the reference: this only ever has to agree with it on this subset.
+ *
+ * The walk runs no Python code and allocates no Python object (so no collection, no
+ * finalizer can run and change what it reads); it recurses once per container, at most
+ * ``limit`` levels. */
+
+static int
+cbor_head(Out *o, unsigned major, uint64_t n)
+{
+    unsigned char b[9];
+    Py_ssize_t len;
+    major <<= 5;
+    if (n < 24) {
+        b[0] = (unsigned char)(major | n);
+        len = 1;
+    } else if (n < 0x100) {
+        b[0] = (unsigned char)(major | 24);
+        b[1] = (unsigned char)n;
+        len = 2;
+    } else if (n < 0x10000) {
+        b[0] = (unsigned char)(major | 25);
+        b[1] = (unsigned char)(n >> 8);
+        b[2] = (unsigned char)n;
+        len = 3;
+    } else if (n <= 0xFFFFFFFFu) {
+        b[0] = (unsigned char)(major | 26);
+        for (int i = 0; i < 4; i++)
+            b[1 + i] = (unsigned char)(n >> (24 - 8 * i));
+        len = 5;
+    } else {
+        b[0] = (unsigned char)(major | 27);
+        for (int i = 0; i < 8; i++)
+            b[1 + i] = (unsigned char)(n >> (56 - 8 * i));
+        len = 9;
+    }
+    if (o->len + len > o->cap && out_reserve(o, len) != OK)
+        return NOMEM;
+    memcpy(o->buf + o->len, b, (size_t)len);
+    o->len += len;
+    return OK;
+}
+
+/* A str as CBOR text: its UTF-8, written from the str's own code points. */
+static int
+cbor_text(Out *o, PyObject *s)
+{
+    if (PyUnicode_READY(s) < 0) {
+        PyErr_Clear();
+        return FALLBACK;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    if (PyUnicode_IS_ASCII(s)) {
+        if (cbor_head(o, 3, (uint64_t)n) != OK)
+            return NOMEM;
+        return out_put(o, (const char *)PyUnicode_1BYTE_DATA(s), n);
+    }
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    Py_ssize_t size = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 0x80)
+            size += 1;
+        else if (c < 0x800)
+            size += 2;
+        else if (c >= 0xD800 && c <= 0xDFFF)
+            return FALLBACK;  /* a lone surrogate: cbor2 says what it makes of it */
+        else if (c < 0x10000)
+            size += 3;
+        else
+            size += 4;
+    }
+    if (cbor_head(o, 3, (uint64_t)size) != OK || out_reserve(o, size) != OK)
+        return NOMEM;
+    unsigned char *p = (unsigned char *)o->buf + o->len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c < 0x80) {
+            *p++ = (unsigned char)c;
+        } else if (c < 0x800) {
+            *p++ = (unsigned char)(0xC0 | (c >> 6));
+            *p++ = (unsigned char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            *p++ = (unsigned char)(0xE0 | (c >> 12));
+            *p++ = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+            *p++ = (unsigned char)(0x80 | (c & 0x3F));
+        } else {
+            *p++ = (unsigned char)(0xF0 | (c >> 18));
+            *p++ = (unsigned char)(0x80 | ((c >> 12) & 0x3F));
+            *p++ = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+            *p++ = (unsigned char)(0x80 | (c & 0x3F));
+        }
+    }
+    o->len += size;
+    return OK;
+}
+
+static int
+cbor_int(Out *o, PyObject *x)
+{
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    if (overflow == 0) {
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return FALLBACK;
+        }
+        return v >= 0 ? cbor_head(o, 0, (uint64_t)v) : cbor_head(o, 1, (uint64_t)(-1 - v));
+    }
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(x);
+        if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return FALLBACK;  /* past 64 bits: a bignum tag, cbor2's */
+        }
+        return cbor_head(o, 0, (uint64_t)u);
+    }
+    return FALLBACK;
+}
+
+static int
+cbor_float(Out *o, double d)
+{
+    unsigned char b[9];
+    if (isnan(d))
+        return FALLBACK;
+    if (isinf(d))
+        return out_put(o, d > 0 ? "\xf9\x7c\x00" : "\xf9\xfc\x00", 3);
+    uint64_t bits;
+    memcpy(&bits, &d, 8);
+    b[0] = 0xFB;
+    for (int i = 0; i < 8; i++)
+        b[1 + i] = (unsigned char)(bits >> (56 - 8 * i));
+    return out_put(o, (const char *)b, 9);
+}
+
+/* ``x`` at ``level`` containers deep (a record's top is 0). */
+static int
+cbor_value(Out *o, PyObject *x, Py_ssize_t level, Py_ssize_t limit)
+{
+    PyTypeObject *t = Py_TYPE(x);
+    int rc;
+    if (t == &PyUnicode_Type)
+        return cbor_text(o, x);
+    if (t == &PyLong_Type)
+        return cbor_int(o, x);
+    if (t == &PyDict_Type) {
+        if (level >= limit)
+            return FALLBACK;
+        if ((rc = cbor_head(o, 5, (uint64_t)PyDict_GET_SIZE(x))) != OK)
+            return rc;
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(x, &pos, &k, &v)) {
+            if ((rc = cbor_value(o, k, level + 1, limit)) != OK || (rc = cbor_value(o, v, level + 1, limit)) != OK)
+                return rc;
+        }
+        return OK;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        if (level >= limit)
+            return FALLBACK;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(x);
+        PyObject **items = PySequence_Fast_ITEMS(x);
+        if ((rc = cbor_head(o, 4, (uint64_t)n)) != OK)
+            return rc;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if ((rc = cbor_value(o, items[i], level + 1, limit)) != OK)
+                return rc;
+        }
+        return OK;
+    }
+    if (t == &PyFloat_Type)
+        return cbor_float(o, PyFloat_AS_DOUBLE(x));
+    if (t == &PyBool_Type)
+        return out_put(o, x == Py_True ? "\xf5" : "\xf4", 1);
+    if (x == Py_None)
+        return out_put(o, "\xf6", 1);
+    if (t == &PyBytes_Type) {
+        Py_ssize_t n = PyBytes_GET_SIZE(x);
+        if ((rc = cbor_head(o, 2, (uint64_t)n)) != OK)
+            return rc;
+        return out_put(o, PyBytes_AS_STRING(x), n);
+    }
+    return FALLBACK;
+}
+
+/* A scratch buffer the encodings are made in (the GIL is held throughout, and nothing
+ * run in between can encode): kept between calls, unless a big record grew it. */
+static Out cbor_scratch;
+#define CBOR_SCRATCH_KEEP (1 << 16)
+
+/* ``value`` as cbor2 encodes it, as a new bytes object, if ``value`` is of the common
+ * subset and nests at most ``limit`` deep; else a new reference to None; NULL with an
+ * error set (no memory). */
+static PyObject *
+cbor_subset_bytes(PyObject *value, Py_ssize_t limit)
+{
+    Out *o = &cbor_scratch;
+    o->len = 0;
+    int rc = cbor_value(o, value, 0, limit);
+    PyObject *result = rc == OK ? PyBytes_FromStringAndSize(o->buf, o->len)
+                     : rc == NOMEM ? PyErr_NoMemory() : Py_NewRef(Py_None);
+    if (o->cap > CBOR_SCRATCH_KEEP) {
+        PyMem_Free(o->buf);
+        o->buf = NULL;
+        o->cap = 0;
+    }
+    o->len = 0;
+    return result;
+}
+
+PyDoc_STRVAR(encode_subset_doc,
+"encode_subset(value, limit) -> bytes | None\n\n"
+"``value`` encoded as cbor2 encodes it, if it is made only of exact dicts, lists, tuples,\n"
+"strs, bytes, ints of up to 64 bits, non-NaN floats, bools and None, nesting at most\n"
+"``limit`` containers deep; None otherwise (encode it with cbor2).");
+
+static PyObject *
+encode_subset(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t limit;
+    if (value_and_limit(nargs, args, "encode_subset(value, limit) takes 2 arguments", &limit) < 0)
+        return NULL;
+    return cbor_subset_bytes(args[0], limit);
 }
 
 /* depth_checked(): ``encode`` behind the depth check, then ``position()``, as one builtin
@@ -1054,6 +1298,21 @@ depth_checked_call(PyObject *state, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t limit = PyLong_AsSsize_t(PyTuple_GET_ITEM(state, 1));
+    if (PyTuple_GET_SIZE(state) > 4) {
+        /* The common subset, encoded here and written in one call. */
+        PyObject *data = cbor_subset_bytes(args[0], limit);
+        if (data == NULL)
+            return NULL;
+        if (data != Py_None) {
+            PyObject *written = PyObject_CallOneArg(PyTuple_GET_ITEM(state, 4), data);
+            Py_DECREF(data);
+            if (written == NULL)
+                return NULL;
+            Py_DECREF(written);
+            return PyObject_CallNoArgs(PyTuple_GET_ITEM(state, 3));
+        }
+        Py_DECREF(data);
+    }
     Py_ssize_t depth = depth_of(args[0], limit);
     if (depth < 0)
         return NULL;
@@ -1078,25 +1337,29 @@ static PyMethodDef depth_checked_def = {
 };
 
 PyDoc_STRVAR(depth_checked_doc,
-"depth_checked(encode, limit, error, position) -> callable\n\n"
+"depth_checked(encode, limit, error, position, write=None) -> callable\n\n"
 "A callable taking one value: if it nests deeper than ``limit`` (see nesting_depth),\n"
-"raises ``error(value)``; otherwise calls ``encode(value)`` and returns ``position()``.");
+"raises ``error(value)``; otherwise calls ``encode(value)`` and returns ``position()``.\n"
+"With ``write``, a value of encode_subset's common subset is encoded here instead, and\n"
+"its bytes given to ``write`` (the same bytes cbor2's encoder writes).");
 
 static PyObject *
 depth_checked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_ssize_t limit;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error, position) takes 4 arguments");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked(encode, limit, error, position, write=None) takes 4 or 5 arguments");
         return NULL;
     }
-    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "depth_checked: encode, error and position must be callables");
+    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[2]) || !PyCallable_Check(args[3])
+        || (nargs == 5 && args[4] != Py_None && !PyCallable_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError, "depth_checked: encode, error, position and write must be callables");
         return NULL;
     }
     if (depth_limit_arg(args[1], &limit) < 0)
         return NULL;
-    PyObject *state = PyTuple_Pack(4, args[0], args[1], args[2], args[3]);
+    PyObject *state = nargs == 5 && args[4] != Py_None ? PyTuple_Pack(5, args[0], args[1], args[2], args[3], args[4])
+                                                      : PyTuple_Pack(4, args[0], args[1], args[2], args[3]);
     if (state == NULL)
         return NULL;
     PyObject *checked = PyCFunction_NewEx(&depth_checked_def, state, NULL);
@@ -1574,6 +1837,66 @@ staging_dealloc(Staging *self)
     tp->tp_free((PyObject *)self);
 }
 
+/* A snapshot record at ``off`` (from the buffer's first LSN) joins the runs of snapshot
+ * records ([start, end, start, end...], BatchBuffer._add_snapshots): a run that ends there
+ * grows. On failure (memory) the runs are as they were. */
+static int
+staging_add_snapshot(Staging *self, long long off)
+{
+    PyObject *runs = self->snap;
+    PyObject *start = NULL, *end = PyLong_FromLongLong(off + 1);
+    if (end == NULL)
+        return -1;
+    if (runs == NULL || runs == Py_None) {
+        runs = PyList_New(2);
+        start = PyLong_FromLongLong(off);
+        if (runs == NULL || start == NULL)
+            goto fail;
+        PyList_SET_ITEM(runs, 0, start);
+        PyList_SET_ITEM(runs, 1, end);
+        Py_XSETREF(self->snap, runs);
+        return 0;
+    }
+    if (!PyList_Check(runs)) {
+        PyErr_SetString(PyExc_TypeError, "_snap must be a list or None");
+        Py_DECREF(end);
+        return -1;
+    }
+    Py_INCREF(runs);
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    if (n >= 2) {
+        PyObject *last = PyList_GET_ITEM(runs, n - 1);
+        long long at = PyLong_AsLongLong(last);
+        if (at == -1 && PyErr_Occurred())
+            goto fail;
+        if (at == off) {
+            PyList_SET_ITEM(runs, n - 1, end);  /* steals end */
+            Py_DECREF(last);
+            Py_DECREF(runs);
+            return 0;
+        }
+    }
+    start = PyLong_FromLongLong(off);
+    if (start == NULL || PyList_Append(runs, start) < 0)
+        goto fail;
+    if (PyList_Append(runs, end) < 0) {
+        PyObject *err_type, *err_value, *err_tb;
+        PyErr_Fetch(&err_type, &err_value, &err_tb);
+        (void)PyList_SetSlice(runs, n, n + 1, NULL);  /* the start goes again */
+        PyErr_Restore(err_type, err_value, err_tb);
+        goto fail;
+    }
+    Py_DECREF(start);
+    Py_DECREF(end);
+    Py_DECREF(runs);
+    return 0;
+fail:
+    Py_XDECREF(start);
+    Py_DECREF(end);
+    Py_XDECREF(runs);
+    return -1;
+}
+
 /* The slow path: BatchBuffer.stage(record, snapshot), which takes the lock itself. */
 static PyObject *
 staging_slow(Staging *self, PyObject *record, PyObject *snapshot)
@@ -1648,26 +1971,11 @@ staging_stage_fast(Staging *self, PyObject *const *args, Py_ssize_t nargs)
         return data;
     }
     long long lsn = self->next_lsn;
-    if (snapshot) {
-        /* A snapshot record: its offset from the buffer's first LSN joins the list, before
-         * the record counts (if this fails, the record is cut as an interrupted one). */
-        if (self->snap == NULL || self->snap == Py_None) {
-            PyObject *snap = PyList_New(0);
-            if (snap == NULL) {
-                self->blocked = 1;
-                staging_release(self);
-                return NULL;
-            }
-            Py_XSETREF(self->snap, snap);
-        }
-        PyObject *off = PyLong_FromLongLong(lsn - self->first);
-        if (off == NULL || PyList_Append(self->snap, off) < 0) {
-            Py_XDECREF(off);
-            self->blocked = 1;
-            staging_release(self);
-            return NULL;
-        }
-        Py_DECREF(off);
+    if (snapshot && staging_add_snapshot(self, lsn - self->first) < 0) {
+        /* Out of memory: the record is cut as an interrupted one. */
+        self->blocked = 1;
+        staging_release(self);
+        return NULL;
     }
     self->pos = end;
     self->next_lsn = lsn + 1;
@@ -1724,7 +2032,7 @@ static PyMemberDef staging_members[] = {
     {"_batch_bytes", T_PYSSIZET, offsetof(Staging, batch_bytes), 0, "the batch size that hands a batch over"},
     {"_next_lsn", T_LONGLONG, offsetof(Staging, next_lsn), 0, "the LSN the next record gets"},
     {"_first", T_LONGLONG, offsetof(Staging, first), 0, "the LSN of the buffer's first record"},
-    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' offsets from _first (a list, or None)"},
+    {"_snap", T_OBJECT, offsetof(Staging, snap), 0, "snapshot records' runs of offsets from _first, [start, end...] (a list, or None)"},
     {"_cut_lsn", T_LONGLONG, offsetof(Staging, cut_lsn), 0, "the LSN that hands a batch over"},
     {"_blocked", T_BOOL, offsetof(Staging, blocked), 0, "appends take the slow path"},
     {"_enc_encode", T_OBJECT_EX, offsetof(Staging, encode), 0, "encode(record) -> the buffer's new end"},
@@ -1756,6 +2064,7 @@ static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
     {"nesting_depth", (PyCFunction)(void (*)(void))nesting_depth, METH_FASTCALL, nesting_depth_doc},
     {"depth_checked", (PyCFunction)(void (*)(void))depth_checked, METH_FASTCALL, depth_checked_doc},
+    {"encode_subset", (PyCFunction)(void (*)(void))encode_subset, METH_FASTCALL, encode_subset_doc},
     {"record_bounds", record_bounds, METH_VARARGS, record_bounds_doc},
     {"decode_slice", decode_slice, METH_VARARGS, decode_slice_doc},
     {NULL, NULL, 0, NULL},

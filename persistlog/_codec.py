@@ -333,10 +333,11 @@ class Codec:
         """``encode(record)`` writing to ``fp`` (the Log's batch buffer) and returning
         ``fp.tell()`` after it, which first refuses with :class:`RecordTooDeep` a record
         nested deeper than ``MAX_RECORD_DEPTH``: one call on the writer's hot path, in C
-        where it is built."""
+        where it is built (which encodes a record of the common subset itself, writing
+        the bytes cbor2 writes: see ``encode_subset``)."""
         encode, tell = self.encoder(fp).encode, fp.tell
         if _c_depth_checked is not None:
-            checked: Callable[[Any], int] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep, tell)
+            checked: Callable[[Any], int] = _c_depth_checked(encode, MAX_RECORD_DEPTH, too_deep, tell, fp.write)
             return checked
 
         def encode_checked(record: Any) -> int:

@@ -15,10 +15,11 @@ I/O lock, so it interleaves safely with background flushes, rotations and thread
 directly), then hands the whole group to the loop with one
 ``call_soon_threadsafe``. While the loop wakes that group and its tasks append their next
 records, the thread is already writing and syncing the ones that arrived during its last
-sync: the loop's CPU and the disk's latency overlap. When syncs are slow (a millisecond or
-more: a busy disk, a PUT), the thread first waits a bounded while for the tasks it just
-released, as the threads' group commit does (``_group_commit``), so that the tasks do not
-split into two halves each paying a whole sync.
+sync: the loop's CPU and the disk's latency overlap. When a sync takes a fifth of a
+millisecond or more (a local SSD's, a busy disk, a PUT), the thread first waits a bounded
+while for the tasks it just released, as the threads' group commit does for syncs of a
+millisecond (``_group_commit``), so that the tasks do not split into two halves each
+paying a whole sync.
 
 A cancelled task's future is skipped when its group is resolved; its record was appended
 before the task waited, so it is written with its group all the same. Nothing a task does
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._errors import LogClosedError, LogFailedError, PersistLogError
-from ._group_commit import _GATHER_FROM, _MAX_GATHER, gather
+from ._group_commit import _MAX_GATHER, gather
 
 if TYPE_CHECKING:
     import asyncio
@@ -52,6 +53,13 @@ _Waiter = tuple[int, bool, "asyncio.Future[int]"]
 # A waiter's LSN and whether it asked for durability (C calls over a group, not a generator).
 _LSN = operator.itemgetter(0)
 _DURABLE = operator.itemgetter(1)
+
+# Syncs at least this slow are worth waiting for the tasks the last one released before
+# (the threads' group commit waits from a millisecond). Lower here: waking a task costs
+# the loop a few microseconds, so a local SSD's sync (a fraction of a millisecond) ends
+# while the loop is still waking the last group; syncing at once would split the tasks
+# into two halves taking turns, each paying a whole sync (its CPU included).
+_LOOP_GATHER_FROM = 0.0002
 
 # Tasks woken in one pass of the loop. Every task woken appends its next record in that
 # pass (tens of microseconds each on a busy machine): a group of 256 woken at once would
@@ -154,7 +162,7 @@ class LoopCommit:
                     if not self._waiting:  # a registration that did not see _idle set
                         cv.wait()
                     self._idle = False
-                if expect > len(self._waiting) and last_sync >= _GATHER_FROM and not self._stopped:
+                if expect > len(self._waiting) and last_sync >= _LOOP_GATHER_FROM and not self._stopped:
                     self._gather(expect, min(last_sync / 2, _MAX_GATHER))
             group = self._take()
             if not group:

@@ -3,6 +3,7 @@ meaning (snapshot kind, order, encoded at the call, refused after the enumeratio
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import persistlog
+from childproc import run_json
 from tests.persistlog.follower_harness import drain
 
 values = st.recursive(
@@ -154,3 +156,86 @@ def test_resource_store_rotation_emits_every_key_once_as_a_snapshot(tmp_path: Pa
     again = persistlog.ResourceStore.open(url, rotate_bytes=None)
     assert dict(again) == {("k", i): {"n": i} for i in range(1300) if i != 7}
     again.close()
+
+
+
+def run_mixed_plan(url: str, plan: list[tuple[str, int]], batch_bytes: int) -> dict[str, Any]:
+    """Rotate a log whose enumeration runs ``plan``: emits, and updates from inside
+    enumerate_all between them, so that batches mix the two kinds. The kind of each record
+    read back, the kinds expected, and the Log's counts."""
+    expected: list[list[str]] = []
+    lg: persistlog.Log | None = None
+
+    def enumerate_all(emit: persistlog.Emit) -> None:
+        if lg is None:
+            return  # the opening enumeration: no state yet
+        for c, (call, n) in enumerate(plan):
+            records = [{"key": f"{c}.{i}", "value": "v" * (i % 7)} for i in range(n)]
+            expected.extend([r["key"], "snapshot" if call in ("emit", "many") else "update"] for r in records)
+            if call == "emit":
+                for r in records:
+                    emit(r)
+            elif call == "many":
+                emit.many(records)
+            elif call == "update":
+                for r in records:
+                    lg.update(r)
+            else:
+                lg.update_many(records)
+
+    lg = persistlog.open(url, enumerate_all, rotate_bytes=None, batch_bytes=batch_bytes)
+    lg.rotate()
+    last = lg.update({"key": "after", "value": ""})
+    lg.close()
+    stats = lg.stats()
+    return {
+        "kinds": [list(pair) for pair in _kinds(url, last)],
+        "expected": expected + [["after", "update"]],
+        "counts": [stats["snapshot_records"], stats["updates"]],
+    }
+
+
+# An enumeration's calls (emit, emit.many) with updates from inside it between them.
+mixed_plans = st.lists(
+    st.tuples(st.sampled_from(["emit", "many", "update", "update_many"]), st.integers(min_value=1, max_value=40)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=mixed_plans, batch_bytes=st.sampled_from([64, 300, 1 << 20]))
+def test_batches_mixing_snapshot_records_and_updates_keep_each_records_kind(
+    tmp_path_factory: pytest.TempPathFactory, plan: list[tuple[str, int]], batch_bytes: int
+) -> None:
+    out = run_mixed_plan(str(tmp_path_factory.mktemp("log") / "log"), plan, batch_bytes)
+    assert out["kinds"] == out["expected"]
+    snapshots = sum(n for call, n in plan if call in ("emit", "many"))
+    assert out["counts"] == [snapshots, len(out["expected"]) - snapshots]
+
+
+MIXED_WORKLOAD = """
+import json, sys
+sys.path[:0] = [sys.argv[3], sys.argv[3] + "/tests"]
+from tests.persistlog.test_emit_many import run_mixed_plan
+
+print(json.dumps(run_mixed_plan(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[4]))))
+"""
+
+FIXED_PLANS = [
+    [["emit", 3], ["many", 5], ["update", 2], ["many", 4], ["emit", 1], ["update_many", 3], ["many", 30]],
+    [["update", 1], ["emit", 40], ["update_many", 2], ["emit", 2], ["many", 1], ["update", 1]],
+    [["many", 40], ["many", 40], ["update", 1], ["many", 40], ["emit", 40]],
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch_bytes", [64, 300, 1 << 20])
+def test_without_the_accelerator_mixed_batches_keep_each_records_kind(tmp_path: Path, batch_bytes: int) -> None:
+    root = str(Path(__file__).resolve().parents[2])
+    for k, plan in enumerate(FIXED_PLANS):
+        pure = run_json(MIXED_WORKLOAD, str(tmp_path / f"pure{k}"), json.dumps(plan), root, str(batch_bytes),
+                        hide=["persistlog._cbor_json"])
+        assert pure["kinds"] == pure["expected"]
+        snapshots = sum(n for call, n in plan if call in ("emit", "many"))
+        assert pure["counts"] == [snapshots, len(pure["expected"]) - snapshots]
