@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,6 +258,22 @@ def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
         names = dest.list()
     except OSError as e:
         raise DestinationError(f"cannot list {dest.url}: {e}") from e
+    return _logs_named(names)
+
+
+def list_logs_sized(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int]]:
+    """:func:`list_logs` and the size of every segment it lists, by name, from the same
+    listing (``Destination.list_sizes``: on S3 the sizes come with the names, where a HEAD
+    per segment would cost a request each)."""
+    try:
+        sizes = dest.list_sizes()
+    except OSError as e:
+        raise DestinationError(f"cannot list {dest.url}: {e}") from e
+    logs = _logs_named(sizes)
+    return logs, {name: sizes[name] for segments in logs.values() for _number, name in segments}
+
+
+def _logs_named(names: Iterable[str]) -> dict[int, list[tuple[int, str]]]:
     logs: dict[int, list[tuple[int, str]]] = {}
     for name in names:
         parsed = F.parse_segment_name(name)
