@@ -3,8 +3,10 @@
 * ``spark``: the same records written as 1,000 small logs of a set (``LogSet.open``,
   ``update_many``, ``close``) and as one log; ``spark.read.format("persistlog").load(...)``
   of each into a ``noop`` sink, alternately, ``repeats`` times, best run. Target: the set's
-  rows/s >= 0.8x the one log's (planning every log on the driver included). How the set's
-  time splits, planning against reading, is shown beside it.
+  rows/s >= 0.8x the one log's (planning every log on the driver included). Beside it the
+  same per CPU second of the whole process tree, and what a log costs beyond the one log's
+  records: in all, and of it the Python of the driver's planning and of the executors'
+  reading, measured in this process without Spark.
 * ``open_close``: opening N logs of a set (each ``LogSet.open`` restores nothing and starts
   a log with an empty enumeration) and holding them all open, then ``LogSet.close()``;
   the same N logs as plain ``persistlog.open`` on N sibling directories, closed one by one,
