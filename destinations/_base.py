@@ -140,6 +140,21 @@ class Destination(abc.ABC):
         request however many files the directory holds.
         """
 
+    def list_sizes(self) -> dict[str, int]:
+        """Every name :meth:`list` gives, with its size in bytes, in lexical order.
+
+        Remote drivers take the sizes from the listing itself (one request per 1,000 names,
+        none per file); this default asks :meth:`size` of each. A file removed between the
+        listing and its size is left out, as a listing a moment later would leave it out.
+        """
+        sizes: dict[str, int] = {}
+        for name in self.list():
+            try:
+                sizes[name] = self.size(name)
+            except FileNotFoundError:
+                continue
+        return sizes
+
     @abc.abstractmethod
     def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes ``[offset, offset+length)`` (to the end if ``length`` is None).

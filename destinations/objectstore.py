@@ -233,19 +233,28 @@ class ObjectStoreDestination(Destination):
 
     def list(self, start_after: str | None = None) -> list[str]:
         """Names in lexical order; on S3 a missing bucket raises ``FileNotFoundError``."""
-        names = self._list_s3(start_after) if self._s3 else self._list_fs()
-        names = sorted(n for n in names if not is_temp_name(n))
-        if start_after is not None:
-            names = [n for n in names if n > start_after]
-        return names
+        return list(self._listed(start_after))
 
-    def _list_s3(self, start_after: str | None) -> builtins.list[str]:
+    def list_sizes(self) -> dict[str, int]:
+        """Names and sizes from the listing's own entries: no request per object (but for
+        an entry a filesystem lists without its size)."""
+        return {name: self.size(name) if size is None else size for name, size in self._listed(None).items()}
+
+    def _listed(self, start_after: str | None) -> dict[str, int | None]:
+        entries = self._list_s3(start_after) if self._s3 else self._list_fs()
+        return {
+            name: size
+            for name, size in sorted(entries, key=lambda entry: entry[0])
+            if not is_temp_name(name) and (start_after is None or name > start_after)
+        }
+
+    def _list_s3(self, start_after: str | None) -> builtins.list[tuple[str, int | None]]:
         kwargs: dict[str, Any] = {"Bucket": self._bucket, "Prefix": self._prefix, "Delimiter": "/"}
         if start_after is not None:
             kwargs["StartAfter"] = self._prefix + start_after
         if self.list_page_size is not None:
             kwargs["MaxKeys"] = self.list_page_size
-        names: builtins.list[str] = []
+        entries: builtins.list[tuple[str, int | None]] = []
         while True:
             try:
                 resp = self._call_s3("LIST", "list_objects_v2", **kwargs)
@@ -253,13 +262,13 @@ class ObjectStoreDestination(Destination):
                 raise FileNotFoundError(
                     f"bucket {self._bucket!r} of {self.url} does not exist"
                 ) from None
-            names.extend(obj["Key"][len(self._prefix) :] for obj in resp.get("Contents", ()))
+            entries.extend((obj["Key"][len(self._prefix) :], int(obj["Size"])) for obj in resp.get("Contents", ()))
             token = resp.get("NextContinuationToken")
             if not resp.get("IsTruncated") or not token:
-                return names
+                return entries
             kwargs["ContinuationToken"] = token
 
-    def _list_fs(self) -> builtins.list[str]:
+    def _list_fs(self) -> builtins.list[tuple[str, int | None]]:
         def ls() -> builtins.list[dict[str, Any]]:
             # fsspec caches listings per instance; a follower must see new files now.
             self.fs.invalidate_cache(self.root)
@@ -270,7 +279,9 @@ class ObjectStoreDestination(Destination):
 
         entries = self._request("LIST", f"ls {self.root}", ls)
         return [
-            e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "file"
+            (e["name"].rstrip("/").rsplit("/", 1)[-1], None if e.get("size") is None else int(e["size"]))
+            for e in entries
+            if e.get("type") == "file"
         ]
 
     def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:

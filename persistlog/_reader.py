@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,6 +258,22 @@ def list_logs(dest: Destination) -> dict[int, list[tuple[int, str]]]:
         names = dest.list()
     except OSError as e:
         raise DestinationError(f"cannot list {dest.url}: {e}") from e
+    return _logs_named(names)
+
+
+def list_logs_sized(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int]]:
+    """:func:`list_logs` and the size of every segment it lists, by name, from the same
+    listing (``Destination.list_sizes``: on S3 the sizes come with the names, where a HEAD
+    per segment would cost a request each)."""
+    try:
+        sizes = dest.list_sizes()
+    except OSError as e:
+        raise DestinationError(f"cannot list {dest.url}: {e}") from e
+    logs = _logs_named(sizes)
+    return logs, {name: sizes[name] for segments in logs.values() for _number, name in segments}
+
+
+def _logs_named(names: Iterable[str]) -> dict[int, list[tuple[int, str]]]:
     logs: dict[int, list[tuple[int, str]]] = {}
     for name in names:
         parsed = F.parse_segment_name(name)
@@ -483,7 +499,12 @@ class SegmentBytes:
         self.buf = b""
 
     @classmethod
-    def open(cls, dest: Destination, name: str, offset: int, chunk: int = READ_CHUNK) -> SegmentBytes:
+    def open(
+        cls, dest: Destination, name: str, offset: int, chunk: int = READ_CHUNK, size: int | None = None
+    ) -> SegmentBytes:
+        """The window over segment ``name`` from ``offset`` (``size``: its size if known)."""
+        if size is not None:
+            return cls(dest, name, size, chunk)
         if dest.appendable:
             return cls(dest, name, dest.size(name), chunk)
         # Objects never change once written: one ranged GET both sizes a small object and
@@ -519,6 +540,10 @@ class LogScanner:
     is treated as "not written yet": the scan stops before it without reporting it.
     ``read_chunk`` is the least a read of storage asks for: a reader that stops after a
     batch or two (a point read at a known position) asks for less than a whole scan.
+    ``sizes`` (by segment name) are sizes the caller listed already (a plan's listing):
+    each segment named there is read up to that size without asking the destination, so a
+    segment that grew since is read as it was listed (its end, cut inside a batch being
+    written, reads as a torn tail).
     """
 
     def __init__(
@@ -537,6 +562,7 @@ class LogScanner:
         keys: Keyring | None = None,
         values: ValueTable | None = None,
         stop_at: tuple[int, int] | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, not {recovery!r}")
@@ -574,6 +600,8 @@ class LogScanner:
             self.values = ValueTable()
         # A scan that stops before the batch at (segment, offset): priming a table.
         self.stop_at = stop_at
+        # Segment sizes the caller listed (by name): each is read up to there, unasked.
+        self.sizes = sizes
         self.state = LogState(seq=seq, segments=segments)
 
     # -- errors -------------------------------------------------------------------------
@@ -611,7 +639,9 @@ class LogScanner:
                 break
             resume = self.start[1] if self.start is not None and number == self.start[0] else 0
             try:
-                seg = SegmentBytes.open(self.dest, name, resume, self.read_chunk)
+                seg = SegmentBytes.open(
+                    self.dest, name, resume, self.read_chunk, None if self.sizes is None else self.sizes.get(name)
+                )
                 yield from self._scan_segment(
                     seg, number, index == last_index and not self.more_segments, resume, next_lsn
                 )

@@ -10,6 +10,8 @@ is typed (``mypy --strict``) and documented where it is defined; the bytes are i
 
 Finding logs
     ``list_logs`` (the logs of a destination and their segments, from one listing),
+    ``list_logs_sized`` (the same and each segment's size, from the same listing: no
+    request per segment on S3),
     ``read_pointer`` (the log ``CURRENT`` names), ``replay_plan`` and ``ReplayPlan`` (the
     logs a restore replays, and whether the first holds a complete snapshot),
     ``why_no_log`` (what a location that holds no log holds instead, for an error message),
@@ -132,6 +134,7 @@ from ._reader import (
     Skipped,
     declares_gap,
     list_logs,
+    list_logs_sized,
     outrun,
     read_pointer,
     retention_gap,
@@ -203,6 +206,7 @@ __all__ = [
     "inspect_destination",
     "key_text",
     "list_logs",
+    "list_logs_sized",
     "load_public_key",
     "next_segments",
     "outrun",

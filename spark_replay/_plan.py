@@ -40,6 +40,7 @@ from persistlog.reading import (
     ScanStart,
     gc_pause,
     list_logs,
+    list_logs_sized,
     replay_plan,
     segment_name,
     walk_headers,
@@ -140,23 +141,22 @@ def _pool(n: int) -> ThreadPoolExecutor:
 
 
 def _start_of(
-    dest: Destination, seq: int, segments: list[tuple[int, str]], sizes: dict[str, int] | None, recovery: str
+    dest: Destination, seq: int, segments: list[tuple[int, str]], sizes: dict[str, int], recovery: str
 ) -> HeaderWalk | None:
     """One read of the start of the log's first segment: its first LSN, its header (does it
     follow a gap?) and, in a log whose snapshot is small, its complete marker."""
     number, name = segments[0]
     if number != 0:
         return None
-    size = sizes[name] if sizes is not None else dest.size(name) if dest.appendable else None
-    walk = walk_headers(dest, seq, 0, name, size, limit=WALK_CHUNK)
+    walk = walk_headers(dest, seq, 0, name, sizes[name], limit=WALK_CHUNK)
     if walk.first_lsn is None and walk.damage is not None and recovery == "strict":
         raise CorruptLogError(walk.damage.reason, destination=dest.url, log=seq, segment=name, offset=0)
     return walk
 
 
-def _sizes(dest: Destination, lg: _Log, opts: ReadOptions, sizes: dict[str, int] | None) -> None:
+def _sizes(dest: Destination, lg: _Log, opts: ReadOptions, sizes: dict[str, int]) -> None:
     """Every segment's size (and the check that no segment is missing); ``sizes`` are
-    those already looked up, by name."""
+    those the listing gave, by name."""
     numbers = [n for n, _ in lg.segments]
     missing = tuple(sorted(set(range(numbers[-1] + 1)) - set(numbers)))
     if missing:
@@ -168,12 +168,7 @@ def _sizes(dest: Destination, lg: _Log, opts: ReadOptions, sizes: dict[str, int]
             )
         log.warning("log %d at %s lacks segment(s) %s", lg.seq, dest.url, list(missing))
     lg.missing = missing
-    if sizes is not None:
-        lg.sizes = [sizes[name] for _, name in lg.segments]
-    elif dest.appendable:
-        lg.sizes = [dest.size(name) for _, name in lg.segments]
-    else:
-        lg.sizes = _map(dest.size, [name for _, name in lg.segments])
+    lg.sizes = [sizes[name] for _, name in lg.segments]
 
 
 def _survey(dest: Destination, lg: _Log, split_bytes: int) -> None:
@@ -271,19 +266,15 @@ class _LogRead:
 def _survey_log(
     dest: Destination,
     opts: ReadOptions,
-    listing: dict[int, list[tuple[int, str]]] | None = None,
-    sizes: dict[str, int] | None = None,
+    listed: tuple[dict[int, list[tuple[int, str]]], dict[str, int]] | None = None,
 ) -> _LogRead:
     """Which logs of ``dest`` the read takes, checked, with their segments' sizes.
 
-    ``listing`` (and ``sizes``, by name) are those a log set's planning already took. The
-    start of each log's first segment is read once, here: its first LSN, whether it
-    follows a gap, and (where the snapshot is small) its complete marker."""
-    if listing is None:
-        listing = list_logs(dest)
-    if sizes is None and dest.appendable:
-        # A stat each: the start of every log and the sizes of the logs kept use them.
-        sizes = _sizes_of(dest, listing)
+    ``listed`` is the listing and the segments' sizes (by name) that a log set's planning
+    already took (:func:`_listed_sized`). The start of each log's first segment is read
+    once, here: its first LSN, whether it follows a gap, and (where the snapshot is small)
+    its complete marker."""
+    listing, sizes = _listed_sized(dest) if listed is None else listed
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
@@ -321,9 +312,13 @@ def _survey_log(
     return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete)
 
 
-def _sizes_of(dest: Destination, listing: dict[int, list[tuple[int, str]]]) -> dict[str, int]:
-    """Every listed segment's size, by name (a stat each: for a local destination)."""
-    return {name: dest.size(name) for segments in listing.values() for _n, name in segments}
+def _listed_sized(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int]]:
+    """The logs at ``dest`` and every listed segment's size, by name: locally a stat of
+    each segment only; remotely from the listing itself (no request per segment)."""
+    if not dest.appendable:
+        return list_logs_sized(dest)
+    listing = list_logs(dest)
+    return listing, {name: dest.size(name) for segments in listing.values() for _n, name in segments}
 
 
 def _map(fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -492,7 +487,7 @@ class LogToPlan:
         """The log's ranges, as :func:`plan_set` plans a log it surveys itself."""
         dest = open_destination(self.url, **self.opts.storage_options)
         try:
-            read = _survey_log(dest, self.opts, self.listing, self.sizes)
+            read = _survey_log(dest, self.opts, (self.listing, self.sizes))
             return _partitions_of(read, self.opts, self.target, self.log_key)
         except FileNotFoundError as e:
             raise _vanished(e, dest.url) from e
@@ -532,20 +527,21 @@ class _Listed:
     key: str
     dest: Destination
     listing: dict[int, list[tuple[int, str]]]
-    sizes: dict[str, int] | None
+    sizes: dict[str, int]
 
     @property
     def nbytes(self) -> int:
-        return sum(self.sizes.values()) if self.sizes is not None else 0
+        return sum(self.sizes.values())
 
 
 def plan_set(opts: ReadOptions) -> list[SetPartition]:
     """The partitions of a read of every log of the log set at ``opts.url``.
 
     The keys are listed shard by shard (``LogSet.keys``), then each key's directory is
-    listed. On a remote store each key's log is then surveyed here as a read of one log
-    is, once (its segments sized, and the start of each of its logs read: first LSN, gap,
-    complete marker), ``SET_THREADS`` keys at once. Locally the listing's sizes come with
+    listed, with its segments' sizes (from the listing itself on a remote store: no request
+    per segment). On a remote store each key's log is then surveyed here as a read of one
+    log is, once (the start of each of its logs read: first LSN, gap, complete marker),
+    ``SET_THREADS`` keys at once. Locally the listing's sizes come with
     it (a stat each), and a log no bigger than a task's share is left to the task that
     reads it to survey (:class:`LogToPlan`): the per-log Python then runs on every core
     rather than on the driver alone. The share per task is worked out from the bytes of
@@ -564,12 +560,12 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
         key, url = key_url
         dest = open_destination(url, **opts.storage_options)
         try:
-            listing = list_logs(dest)
+            listing, sizes = _listed_sized(dest)
             if not listing:
                 log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
                 dest.close()
                 return None
-            return _Listed(key, dest, listing, _sizes_of(dest, listing) if dest.appendable else None)
+            return _Listed(key, dest, listing, sizes)
         except FileNotFoundError as e:
             dest.close()
             raise _vanished(e, dest.url) from e
@@ -579,7 +575,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
 
     def survey(item: _Listed) -> tuple[str, _LogRead]:
         try:
-            return item.key, _survey_log(item.dest, single, item.listing, item.sizes)
+            return item.key, _survey_log(item.dest, single, (item.listing, item.sizes))
         except FileNotFoundError as e:
             raise _vanished(e, item.dest.url) from e
 
@@ -603,7 +599,6 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
 
         def ranges(item: _Listed) -> list[LogPartition] | list[LogToPlan]:
             if item.key in small:
-                assert item.sizes is not None
                 if not item.nbytes:
                     return []
                 return [LogToPlan(item.dest.url, item.key, single, item.listing, item.sizes, target, item.nbytes)]

@@ -56,6 +56,30 @@ def s3_bucket(s3_storage_options: dict[str, Any]) -> str:
     return bucket
 
 
+class MotoRequests:
+    """Every request the test run's moto server receives, as the server sees it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def __call__(self, request: Any, body: Any = None) -> None:
+        self.seen.append((request.method, request.path, request.query_string.decode()))
+
+    def take(self) -> list[tuple[str, str, str]]:
+        seen, self.seen = self.seen, []
+        return seen
+
+
+@pytest.fixture
+def s3_requests(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> MotoRequests:
+    from moto.moto_api import recorder
+
+    spy = MotoRequests()
+    # moto hands every request it serves to its recorder first: count them there.
+    monkeypatch.setattr(recorder, "_record_request", spy)
+    return spy
+
+
 @pytest.fixture
 def clean_memory_fs() -> Iterator[None]:
     """Empty fsspec's process-global memory:// store before and after the test."""

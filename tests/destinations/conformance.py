@@ -201,6 +201,20 @@ class DestinationConformance:
         assert dest.list(start_after="ZZZZ") == []
         assert dest.list(start_after="") == sorted(names)
 
+    def test_list_sizes_gives_every_listed_name_with_its_size(self, make_dest: MakeDest) -> None:
+        dest = make_dest()
+        assert dest.list_sizes() == {}  # a missing directory lists as empty
+        dest.ensure()
+        data = {"b.seg": b"22", "a.seg": b"1", "CURRENT": b"", "c d.seg": b"x" * 1000}
+        for name, body in data.items():
+            dest.create(name, body)
+        sizes = make_dest().list_sizes()
+        assert list(sizes) == dest.list() == sorted(data)
+        assert sizes == {name: len(body) for name, body in data.items()}
+        dest.replace("b.seg", b"333")
+        dest.delete("a.seg")
+        assert make_dest().list_sizes() == {"CURRENT": 0, "b.seg": 3, "c d.seg": 1000}
+
     def test_list_sees_other_instances_writes_at_once(self, make_dest: MakeDest) -> None:
         writer, follower = make_dest(), make_dest()
         writer.ensure()

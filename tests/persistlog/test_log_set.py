@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from child_scripts import PROCS, child_env
+from conftest_s3 import MotoRequests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -333,33 +334,9 @@ def test_every_log_restores_after_a_sigkill_of_a_writer_of_many(tmp_path: Path) 
 # -- on S3: walking a set lists shards, never the objects of every log -------------------------
 
 
-class S3Requests:
-    """Every request the test run's moto server receives, as the server sees it."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, str]] = []
-
-    def __call__(self, request: Any, body: Any = None) -> None:
-        self.seen.append((request.method, request.path, request.query_string.decode()))
-
-    def take(self) -> list[tuple[str, str, str]]:
-        seen, self.seen = self.seen, []
-        return seen
-
-
-@pytest.fixture
-def s3_requests(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> S3Requests:
-    from moto.moto_api import recorder
-
-    spy = S3Requests()
-    # moto hands every request it serves to its recorder first: count them there.
-    monkeypatch.setattr(recorder, "_record_request", spy)
-    return spy
-
-
 @pytest.mark.slow
 def test_walking_a_set_on_s3_lists_one_level_at_a_time(
-    s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: S3Requests
+    s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: MotoRequests
 ) -> None:
     root = f"s3://{s3_bucket}/broker/queues"
     logset = persistlog.LogSet(root, storage_options=s3_storage_options)

@@ -19,11 +19,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from conftest_s3 import MotoRequests
 
 import persistlog
 from persistlog._jsonify import from_json
 from spark_replay._options import ReadOptions
-from spark_replay._plan import LogToPlan, SetPartition, plan
+from spark_replay._plan import LogPartition, LogToPlan, SetPartition, plan
 from spark_replay._scan import read_set
 from spark_replay._schema import arrow_schema, ddl
 
@@ -111,6 +112,33 @@ def test_a_set_on_s3_reads_without_spark_as_restore_replays_it(s3_bucket: str, s
     for r in sorted(rows, key=lambda r: r["lsn"]):
         got.setdefault(r["log_key"], []).append(from_json(r["record"]))
     assert got == {f"q/{i}": [{"op": "put", "key": j, "value": i} for j in range(i + 1)] for i in range(6)}
+
+
+@pytest.mark.slow
+def test_planning_a_set_on_s3_sizes_segments_from_the_listings(
+    s3_bucket: str, s3_storage_options: dict[str, Any], s3_requests: MotoRequests
+) -> None:
+    """The driver lists each key's log once and takes the segments' sizes from that
+    listing: no HEAD per segment (nor any request per object beyond the start of each log)."""
+    root = f"s3://{s3_bucket}/tenants"
+    with persistlog.LogSet(root, storage_options=s3_storage_options) as logset:
+        for i in range(4):
+            lg = logset.open(f"t{i}", lambda emit: None)
+            for j in range(3):
+                lg.update({"op": "put", "key": j, "value": i}, sync=True)  # an object per sync
+    opts = replace(
+        ReadOptions.parse({"path": root, "storage_options": json.dumps(s3_storage_options)}), log_set=True
+    )
+    s3_requests.take()
+    parts = plan(opts)
+    seen = s3_requests.take()
+    assert [r for r in seen if r[0] == "HEAD"] == []
+    segments = sum(len(u.segments()) for p in parts for u in p.units if isinstance(u, LogPartition))
+    assert segments >= 4 * 3
+    rows = [r for p in parts for b in read_set(p, "records") for r in pa.Table.from_batches([b]).to_pylist()]
+    assert sorted((r["log_key"], from_json(r["record"])["key"]) for r in rows) == sorted(
+        (f"t{i}", j) for i in range(4) for j in range(3)
+    )
 
 
 @pytest.mark.spark
