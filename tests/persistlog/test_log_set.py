@@ -121,7 +121,14 @@ def test_keys_round_trip_through_their_directory_names(tmp_path: Path) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.text(min_size=1, max_size=40))
 def test_a_key_is_what_its_directory_name_decodes_to(key: str) -> None:
-    assert name_key(key_name(key)) == key
+    try:
+        name = key_name(key)
+    except ValueError:
+        # Refused only where the name would pass a directory name's limit: any key of up
+        # to 85 UTF-8 bytes fits (each byte encodes to at most 3).
+        assert len(key.encode("utf-8", "surrogatepass")) > 85
+        return
+    assert name_key(name) == key
 
 
 @settings(max_examples=300, deadline=None)
