@@ -115,15 +115,26 @@ class RecordReader:
     def _read_on(self, lsn: int) -> tuple[Any] | None:
         """The record at ``lsn`` when it lies in the cursor's segment after the cursor: the
         batches from there decoded one after another from one read (a second for a batch
-        longer than it). None for anything else (another segment or log, a control
-        batch, the end of what is written, damage): :meth:`_scan_for` sorts that out and
+        longer than it; control batches stepped over). None for anything else (another
+        segment or log, the end of what is written, damage): :meth:`_scan_for` sorts that out and
         reports damage where it is."""
         cursor = self._cursor
-        if cursor is None or cursor[3] is None or cursor[3] > lsn or cursor[2] == 0:
-            return None  # (at a segment's start the scan reads its header)
+        if cursor is None or cursor[3] is None or cursor[3] > lsn:
+            return None
         seq, segment, offset, first = cursor
         name = F.segment_name(seq, segment)
         base, buf = offset, b""
+        if offset == 0:
+            # A segment's start (a seeded reader's): its header, checked to be the one
+            # the cursor expects, then the batches after it, from the same read.
+            buf = self._read(name, 0, self._chunk)
+            try:
+                head = parse_segment_header(buf)
+            except Damage:
+                return None
+            if (head.seq, head.segment, head.first_lsn) != (seq, segment, first):
+                return None
+            offset = F.SEGMENT_HEADER_SIZE
         while True:
             lo = offset - base
             if len(buf) - lo < F.BATCH_HEADER_SIZE:
@@ -132,8 +143,16 @@ class RecordReader:
                 header = parse_batch_header(buf[lo:lo + F.BATCH_HEADER_SIZE], offset)
             except Damage:
                 return None
-            if header.kind == F.KIND_CONTROL or header.first_lsn != first:
+            if header.first_lsn != first:
                 return None
+            if header.kind == F.KIND_CONTROL:
+                # It takes no LSN (the log header, a signed checkpoint): stepped over by
+                # its size. One in a log that shares values is left to a scan, which
+                # keeps the table of values in step.
+                if self._values is not None:
+                    return None
+                offset += header.size
+                continue
             if len(buf) - lo < header.size:
                 base, buf, lo = offset, self._read(name, offset, max(header.size, self._chunk)), 0
                 if len(buf) < header.size:

@@ -93,3 +93,42 @@ def test_a_reader_seeded_at_a_log_s_start_reads_it_without_listing_and_still_fin
         assert reader.record(lsn) == at[lsn]
     assert seq > 1 and dest.lists >= 1
     lg.close()
+
+
+class _ReadCounting(_ListCounting):
+    """As :class:`_ListCounting`, with the reads counted too."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.reads = 0
+
+    def read(self, name: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.reads += 1
+        return self._dest.read(name, offset, length)
+
+
+def test_a_seeded_reader_reads_the_first_records_of_a_log_in_one_read_stepping_over_its_header(tmp_path: Path) -> None:
+    # Segment 0 starts with the segment header and the log header (a control batch): a
+    # reader seeded there reads both and the records after them with one read, as a
+    # queue's first delivery after its open does.
+    lg, at = written_log(tmp_path, 5)
+    first = min(at)
+    dest = _ReadCounting(str(tmp_path / "log"))
+    reader = RecordReader(dest, persistlog.Codec().loads)  # type: ignore[arg-type]
+    reader.seed(lg.seq, first)
+    assert reader.record(first) == at[first]
+    assert (dest.reads, dest.lists) == (1, 0)
+    for lsn in sorted(at)[1:]:  # on from the cursor: one read each
+        assert reader.record(lsn) == at[lsn]
+    assert (dest.reads, dest.lists) == (len(at), 0)
+    lg.close()
+
+
+def test_a_seed_that_does_not_match_the_segment_header_is_located_as_usual(tmp_path: Path) -> None:
+    lg, at = written_log(tmp_path, 5)
+    lsns = sorted(at)
+    reader = RecordReader(open_destination(str(tmp_path / "log")), persistlog.Codec().loads)
+    reader.seed(lg.seq, lsns[1])  # the log starts at lsns[0]: the header says otherwise
+    assert reader.record(lsns[2]) == at[lsns[2]]
+    assert reader.record(lsns[0]) == at[lsns[0]]
+    lg.close()
