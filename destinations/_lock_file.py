@@ -11,8 +11,17 @@ process start time, boot id: ``_process``) and that process runs. Taking it:
    version), an unreadable one (a record torn by a power loss) or a record whose process
    is gone (killed, exited without releasing, an earlier boot, its pid now another
    process's) means the lock is free;
-3. write the new record to a temporary file and ``rename`` it over ``LOCK``: readers
-   without the directory lock (``persistlog info``) see a whole record, old or new.
+3. where there is no ``LOCK`` (or an empty one), write the new record to a temporary file
+   and ``rename`` it to ``LOCK``: readers without the directory lock (``persistlog
+   info``) see a whole record or none. A ``LOCK`` left by a holder that is gone (a
+   restart after a crash finds one in every log) is overwritten in place instead, padded
+   with spaces (JSON ignores them) to the old record's length and cut to that length: a
+   ``rename`` over an existing file makes ext4 start writing the new file back and free
+   the old one's blocks (``auto_da_alloc``; with ``discard``, a trim), 0.5-4 ms measured
+   against some 20 us. A reader without the directory lock may catch that write half
+   done and see a torn record, which it reports as unreadable, as it would after a power
+   cut; a taker, holding the directory lock, never does. A taker killed half way leaves
+   a torn record, which the next taker finds free, as it is.
 
 Releasing removes ``LOCK`` under the directory lock if it still holds this writer's record.
 Nothing is fsynced: after a power loss every recorded holder is from an earlier boot.
@@ -86,8 +95,10 @@ def holder_running(raw: bytes) -> bool:
     return running is None or running
 
 
-def take_lock_file(directory: str, record: bytes, url: str) -> None:
-    """Make ``directory/LOCK`` hold ``record``, or raise ``LockHeld`` naming its holder."""
+def take_lock_file(directory: str, record: bytes, url: str) -> bytes:
+    """Make ``directory/LOCK`` hold ``record``, or raise ``LockHeld`` naming its holder.
+    Returns the bytes ``LOCK`` holds: ``record``, padded with spaces where it overwrote a
+    longer record of a holder that is gone (see the module docstring)."""
     path = os.path.join(directory, LOCK_NAME)
     with _directory_locked(directory):
         held = _read(path)
@@ -97,18 +108,47 @@ def take_lock_file(directory: str, record: bytes, url: str) -> None:
             remote = parsed is not None and parsed.running() is None
             hint = f" (a writer on another host: remove {path} once it is gone)" if remote else ""
             raise LockHeld(f"{url} is locked by another writer: {holder}{hint}", holder)
-        tmp = os.path.join(directory, temp_name(LOCK_NAME))
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
+        if held:
+            written = record + b" " * (len(held) - len(record))
+            if _overwrite(path, written):
+                return written
+        _replace(directory, path, record)
+        return record
+
+
+def _overwrite(path: str, data: bytes) -> bool:
+    """Write ``data`` over the start of the existing file ``path`` and cut it to that
+    length; False, having changed nothing, when it cannot be opened for writing (a
+    ``LOCK`` of another user's: the caller replaces it instead)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        return False
+    try:
+        view = memoryview(data)
+        offset = 0
+        while offset < len(data):  # a few hundred bytes: one pwrite
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    return True
+
+
+def _replace(directory: str, path: str, record: bytes) -> None:
+    """``record`` into a temporary file, renamed to ``path``."""
+    tmp = os.path.join(directory, temp_name(LOCK_NAME))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), _FILE_MODE)
+    try:
         try:
-            try:
-                os.write(fd, record)  # a few hundred bytes: one write
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+            os.write(fd, record)  # a few hundred bytes: one write
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def release_lock_file(directory: str, record: bytes) -> None:

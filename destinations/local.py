@@ -243,9 +243,9 @@ class LocalDestination(Destination):
         """
         self.ensure()
         record = json.dumps(owner_record(owner, **identity()), sort_keys=True).encode() + b"\n"
-        take_lock_file(self.path, record, self.url)
+        held = take_lock_file(self.path, record, self.url)
         logger.debug("%s: lock taken by %s", self, owner)
-        return LocalLock(self.path, record)
+        return LocalLock(self.path, held)
 
 
 class LocalAppendFile(AppendFile):

@@ -187,3 +187,33 @@ def test_processes_racing_to_open_one_log_exactly_one_wins(tmp_path: Path, case:
         url = logset.url("shared")
     persistlog.restore(url, got.append)
     assert got == [{"snapshot-by": winner}, {"by": winner}]
+
+
+@pytest.mark.parametrize(
+    "held",
+    [
+        _record(_dead_pid(), owner="a writer whose record is longer than the new one's" * 4),
+        _record(_dead_pid(), owner="w"),  # shorter: the new record is longer
+        b"\x00" * (HolderRecord.MAX_BYTES + 100),  # longer than a record is ever read
+    ],
+    ids=["longer", "shorter", "oversized"],
+)
+def test_a_gone_holders_lock_is_overwritten_in_place_with_a_record_that_parses_whole(tmp_path: Path, held: bytes) -> None:
+    # No rename over the old LOCK (a writeback and a trim on ext4): the same file, its
+    # bytes exactly the new record, padded with spaces, and nothing of the old after it.
+    dest = open_destination(str(tmp_path / "log"))
+    dest.ensure()
+    path = tmp_path / "log" / LOCK_NAME
+    path.write_bytes(held)
+    inode = path.stat().st_ino
+    lock = dest.lock("new-writer")
+    raw = path.read_bytes()
+    assert path.stat().st_ino == inode
+    record = HolderRecord.parse(raw)
+    assert record is not None and record.owner == "new-writer" and record.running() is True
+    own = raw.rstrip(b" ")
+    assert own.endswith(b"}\n") and len(raw) == max(len(own), min(len(held), HolderRecord.MAX_BYTES))
+    with pytest.raises(LockHeld):  # held: a second taker finds it running
+        open_destination(str(tmp_path / "log")).lock("second")
+    lock.release()
+    assert not path.exists()  # the release knows its padded record
