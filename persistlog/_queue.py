@@ -507,11 +507,12 @@ class Queue:
         first), ``TypeError`` for a body that is not bytes and ``ValueError`` for one over
         the log's record limit (32 MiB): nothing written. Interrupted (``KeyboardInterrupt``)
         it may or may not be logged, as ``Log.update``: if it was, a restart delivers it."""
-        data = _check_body(body)
+        data = body if type(body) is bytes else _check_body(body)
         ttl = self.ttl if ttl is None else _check_ttl(ttl)
         with self._lock:
-            lg = self.log
-            self._make_room(len(data))
+            lg = self._log or self.log  # (the property raises when not open)
+            if self.max_messages is not None or self.max_bytes is not None:
+                self._make_room(len(data))
             message_id = self._next_id
             record: dict[str, Any] = {"op": "send", "id": message_id, "body": data}
             expires_at = None
@@ -559,7 +560,7 @@ class Queue:
                 raise RuntimeError("Queue is not open; use Queue.open(url) or Queue.open_in(log_set, key)")
             now = self._clock()
             while True:
-                entry = self._timed_out(now)
+                entry = self._timed_out(now) if self._timeouts else None
                 again = entry is not None
                 if entry is None:
                     entry = self._first_ready()
@@ -658,7 +659,7 @@ class Queue:
             if entry.expires_at is not None and entry.expires_at <= self._clock():
                 self._drop(entry)
                 return False
-            self.log.update({"op": "ack", "id": message_id})
+            (self._log or self.log).update({"op": "ack", "id": message_id})
             self._drop(entry)
             return True
 

@@ -20,7 +20,7 @@ from typing import Any
 from destinations import Destination
 
 from . import _format as F
-from ._decoder import Damage, check_payload, parse_batch_header, parse_segment_header
+from ._decoder import Damage, check_payload, parse_batch_header, parse_segment_header, split_records
 from ._shared_values import ValueTable
 from ._errors import CorruptLogError, DestinationError
 from ._crypt import Keyring
@@ -174,9 +174,8 @@ class RecordReader:
                 offset, first = end, after
                 self._cursor = (seq, segment, offset, first)
                 continue
-            batch = Batch(seq, segment, offset, header, raw)
             self._cursor = (seq, segment, end, after) if lsn == after - 1 else (seq, segment, offset, first)
-            return (batch.records(self._loads)[lsn - first],)
+            return (split_records(header, raw, offset, self._loads)[0][lsn - first],)
 
     def _read(self, name: str, offset: int, length: int) -> bytes:
         try:
