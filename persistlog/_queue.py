@@ -481,7 +481,7 @@ class Queue:
     def _record(self, reader: RecordReader, entry: _Entry) -> dict[str, Any]:
         """The send record of ``entry``, read back at its position and checked to be it."""
         try:
-            record = reader.record(entry.lsn)
+            record = reader.record(entry.lsn, entry.size)
         except RecordNotWritten:
             record = None
         if type(record) is not dict or record.get("op") != "send" or record.get("id") != entry.id:
