@@ -242,15 +242,23 @@ class _CountColumn(_Column):
     def count_up(self, first: int, n: int) -> None:
         self.repeat(first - (self.run_ends[-1] if self.run_ends else 0), n)
 
-    #: 0, 1, 2...: the row numbers added to the runs, sliced (grown when a batch is longer).
-    _index = pa.array([], pa.int64())
-
     def _decoded(self) -> pa.Array:
         rows = self.run_ends[-1]
-        if len(self._index) < rows:
-            n = max(rows, 2 * len(self._index), CHUNK_ROWS)
-            _CountColumn._index = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array("q", range(n)))])
-        return pc.add(super()._decoded(), self._index.slice(0, rows))
+        return pc.add(super()._decoded(), _row_numbers(rows))
+
+
+#: 0, 1, 2...: the row numbers a count column adds to its runs, sliced (grown when a
+#: batch is longer), one array per process.
+_ROW_NUMBERS = [pa.array([], pa.int64())]
+
+
+def _row_numbers(rows: int) -> pa.Array:
+    """0, 1, ..., ``rows - 1``, as a slice of the process's array of row numbers."""
+    numbers = _ROW_NUMBERS[0]
+    if len(numbers) < rows:
+        n = max(rows, 2 * len(numbers), CHUNK_ROWS)
+        numbers = _ROW_NUMBERS[0] = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array("q", range(n)))])
+    return numbers.slice(0, rows)
 
 
 def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:
