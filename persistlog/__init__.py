@@ -11,7 +11,8 @@ in memory.
 See README.md for the guarantees of each durability mode and docs/FORMAT.md for the bytes.
 """
 
-from ._api import OpenOptions, StoreOptions, open, restore
+from ._api import OpenOptions, StoreOptions, restore
+from ._api import open_log as open
 from ._async_log import AsyncLog, open_async, restore_async
 from ._codec import Codec
 from ._consumers import Consumer, ConsumerGroup, consumers

@@ -30,7 +30,7 @@ from ._seek import lsn_at_time, utc_micros
 from ._segment_writer import fence_newest_log
 from ._signing import SIGN_INTERVAL, Checkpoints, Signer
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 DEFAULT_ROTATE_BYTES = 64 * 1024 * 1024
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
@@ -178,7 +178,7 @@ def restore(
     return result
 
 
-def open(
+def open_log(
     url: str | os.PathLike[str],
     enumerate_all: EnumerateAll,
     *,
@@ -419,7 +419,7 @@ def open(
             release_writer_lock(writer_lock, dest.url)
             dest.close()
         except Exception as e:
-            log.debug("closing after a failed open: %s", e)
+            logger.debug("closing after a failed open: %s", e)
         raise
     lg = Log(
         dest,
@@ -449,7 +449,7 @@ def open(
         chain_head=chain_head,
         checkpoints=Checkpoints(signer, float(sign_interval)),
     )
-    log.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
+    logger.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
 
 
@@ -490,4 +490,4 @@ def _take_writer_lock(dest: Destination, writer_id: str, ttl: float, handover_ti
         raise DestinationError(f"cannot open {dest.url} for writing: {e}") from e
 
 
-__all__ = ["OpenOptions", "StoreOptions", "open", "restore"]
+__all__ = ["OpenOptions", "StoreOptions", "open_log", "restore"]

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ._api import OpenOptions, open, restore
+from ._api import OpenOptions, open_log, restore
 from ._errors import HandedOver
 from ._log import HANDOVER_SEAL_WAIT, Log, parts_of
 from ._loop_commit import LoopCommit
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     # tool) does not pay for importing asyncio, about a quarter of its own import time.
     import asyncio
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 T = TypeVar("T")
 
@@ -343,7 +343,7 @@ async def open_async(url: str, enumerate_all: EnumerateAll, **options: Unpack[Op
 
     loop = asyncio.get_running_loop()
     signum = options.pop("rotate_on_signal", None)
-    opening = loop.run_in_executor(None, functools.partial(open, url, enumerate_all, **options))
+    opening = loop.run_in_executor(None, functools.partial(open_log, url, enumerate_all, **options))
     try:
         lg = await asyncio.shield(opening)
     except asyncio.CancelledError:

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from ._runtime import Job
     from ._secondaries import Secondary
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 # Seconds a writer waits for a triggered rotation's switch to the new log; past it the
 # writer goes on (into the old log) rather than hang on a storage that stalls.
@@ -515,7 +515,7 @@ class BatchWriter:
         if self._failed is None:
             self._failed = e
             self._buffer.refuse(self.check)
-            log.error("log at %s failed and refuses further writes: %s", self._dest.url, e)
+            logger.error("log at %s failed and refuses further writes: %s", self._dest.url, e)
 
     def _make_group(self) -> GroupCommit:
         with _making_group:

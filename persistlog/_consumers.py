@@ -57,7 +57,7 @@ from ._restore import plan
 from ._resume import records_to_skip
 from ._runtime import runtime, weak_method
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: Seconds between two automatic commits of a consumer's position, by default.
 COMMIT_INTERVAL = 1.0
@@ -223,7 +223,7 @@ class Consumer:
 
     def _stop(self, error: BaseException, message: str) -> None:
         self.error = error
-        log.error("%s", message)
+        logger.error("%s", message)
 
     def _reset(self, why: str, start: Cursor | None) -> None:
         """Start over from ``start`` (``on_reset(why)`` first), or stop with
@@ -231,7 +231,7 @@ class Consumer:
         and that was handed nothing yet just moves: it starts at the newest complete log,
         which is ``start`` now, and the app built nothing from the one before."""
         if self._fresh and self.delivered_records == 0:
-            log.info("consumer %r of %s, handed nothing yet, starts at the newest complete log: %s",
+            logger.info("consumer %r of %s, handed nothing yet, starts at the newest complete log: %s",
                      self.name, self._group.url, why)
             self._position = start
             return
@@ -240,7 +240,7 @@ class Consumer:
                                      f"{self._position}: {why}"),
                        f"consumer {self.name!r} of {self._group.url} must reset and has no on_reset: {why}")
             return
-        log.warning("consumer %r of %s resets: %s", self.name, self._group.url, why)
+        logger.warning("consumer %r of %s resets: %s", self.name, self._group.url, why)
         self.resets += 1
         self.last_reset = why
         try:
@@ -374,7 +374,7 @@ class ConsumerGroup:
         if self.store_positions and committed is None and start is not None:
             consumer.commit()  # registered from now on: retention keeps what it has not read
         self._changed.set()
-        log.info("consumer %r of %s starts at %s", name, self.url, start)
+        logger.info("consumer %r of %s starts at %s", name, self.url, start)
         return consumer
 
     def add_async(
@@ -484,7 +484,7 @@ class ConsumerGroup:
         except BaseException as e:
             if e is not self.error:
                 raise
-            log.debug("consumers of %s had stopped on %r before %r", self.url, e, exc)
+            logger.debug("consumers of %s had stopped on %r before %r", self.url, e, exc)
 
     def wait_caught_up(self, timeout: float | None = None, consumer: Consumer | None = None) -> bool:
         """Block until a poll that started after this call found nothing new and every
@@ -545,7 +545,7 @@ class ConsumerGroup:
             self.error = e
             for consumer in self._live():
                 consumer.error = e
-            log.error("consumers of %s stopped: %s", self.url, e)
+            logger.error("consumers of %s stopped: %s", self.url, e)
 
     def _next_follower(self) -> Follower | None:
         """A follower from the slowest live consumer's position (None: no live one)."""
@@ -581,7 +581,7 @@ class ConsumerGroup:
                 try:
                     consumer.commit()
                 except PersistLogError as e:  # the commit job tries again
-                    log.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
+                    logger.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
                     self._commits.run_at(time.monotonic() + COMMIT_INTERVAL)
         elif self.commit_interval is not None and not self._commit_armed:
             self._commit_armed = True
@@ -596,7 +596,7 @@ class ConsumerGroup:
                 consumer.commit()
             except PersistLogError as e:
                 failed = True
-                log.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
+                logger.warning("committing consumer %r of %s failed (will retry): %s", consumer.name, self.url, e)
         if failed:
             self._commit_armed = True
             return time.monotonic() + (self.commit_interval or COMMIT_INTERVAL)
@@ -620,7 +620,7 @@ class ConsumerGroup:
                 try:
                     consumer.commit()
                 except PersistLogError as e:
-                    log.warning("committing consumer %r of %s after its reset failed: %s", consumer.name, self.url, e)
+                    logger.warning("committing consumer %r of %s after its reset failed: %s", consumer.name, self.url, e)
 
     def __repr__(self) -> str:
         state = "running" if self._thread is not None and self._thread.is_alive() else "idle"

@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import Protocol
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 # How long closing at exit waits for an enumeration running on a runtime worker before
 # it seals the log anyway (the acknowledged records are written either way; the
@@ -74,7 +74,7 @@ def _close_quietly(lg: Closeable, rotation_wait: float | None) -> None:
     except KeyboardInterrupt:
         raise
     except BaseException as e:  # noqa: BLE001 - nobody is left to raise it to
-        log.warning("closing %r, left open, failed: %r", lg, e)
+        logger.warning("closing %r, left open, failed: %r", lg, e)
 
 
 def _close_all_at_exit() -> None:

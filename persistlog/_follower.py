@@ -51,7 +51,7 @@ from ._restore import gc_pause, gone_since, plan, scan_from
 from ._resume import records_to_skip
 from ._shared_values import ValueTable
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 # A local poll is a few stats; a remote one is two billed requests (HEAD): poll object
 # stores less often (their writers PUT about once a second anyway).
@@ -296,7 +296,7 @@ class Follower:
         except BaseException as e:
             if e is not self._error:
                 raise
-            log.debug("follower of %s had stopped on %r before %r", self.dest.url, e, exc)
+            logger.debug("follower of %s had stopped on %r before %r", self.dest.url, e, exc)
 
     def __iter__(self) -> Iterator[FollowedBatch]:
         return self._batches(keep_records=True)
@@ -339,7 +339,7 @@ class Follower:
                 pass
         except BaseException as e:
             self._error = e
-            log.error("follower of %s stopped: %s", self.dest.url, e)
+            logger.error("follower of %s stopped: %s", self.dest.url, e)
             self._caught_up.set()
 
     def _apply(self, batch: Batch, next_lsn: int, after: Cursor) -> FollowedBatch:
@@ -371,7 +371,7 @@ class Follower:
                 raise CorruptLogError(
                     d.reason, destination=self.dest.url, log=batch.log, segment=name, offset=batch.offset
                 ) from None
-            log.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
+            logger.warning("follower of %s skips an undecodable batch in log %d %s at %d: %s",
                         self.dest.url, batch.log, name, batch.offset, d.reason)
             records, kinds = [], []
         self._partial = None
@@ -472,7 +472,7 @@ class Follower:
             # applied (the state is what on_reset left, or the app's own) needs none.
             if self.applied_records == applied:
                 why, self._cursor = None, None
-                log.info("follower of %s starts again from the newest complete log: %s", self.dest.url, gone)
+                logger.info("follower of %s starts again from the newest complete log: %s", self.dest.url, gone)
             else:
                 why = gone
         raise outrun(self.dest.url, RESYNC_ATTEMPTS)
@@ -480,7 +480,7 @@ class Follower:
     def _start_over(self, why: str) -> None:
         if self._on_reset is None:
             raise ResetRequired(f"cannot follow {self.dest.url} from cursor {self._cursor}: {why}")
-        log.warning("follower of %s resets: %s", self.dest.url, why)
+        logger.warning("follower of %s resets: %s", self.dest.url, why)
         self.resets += 1
         self._app(self._on_reset)
         self._cursor = None

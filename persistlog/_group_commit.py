@@ -45,7 +45,7 @@ from collections.abc import Callable
 
 from ._errors import LogFailedError
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 # Syncs at least this slow (a PUT, a network filesystem, a spinning disk) are worth waiting
 # for released threads before (a local SSD's fsync is not: the wait itself costs a thread
@@ -206,7 +206,7 @@ class GroupCommit:
                 self._sync(max(w.lsn for w in waiters))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 self._error = e
-                log.debug("group sync failed: %s", e)
+                logger.debug("group sync failed: %s", e)
             finally:
                 last_sync = time.monotonic() - started
                 with cv:

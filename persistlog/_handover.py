@@ -35,7 +35,7 @@ from ._encoder import handover_request
 from ._errors import WriterConflict
 from ._lock_holder import read_holder
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: Seconds ``open(..., handover=True)`` waits for the live writer to let go, by default.
 HANDOVER_TIMEOUT = 30.0
@@ -85,7 +85,7 @@ def ask_for_handover(
     # Addressed to the holder we saw: a writer that takes the log over meanwhile (another
     # asker) does not answer it, and we give up on it as soon as we see it holds the lock.
     mine = _post_request(dest, writer_id, holder_owner or "?", started, deadline)
-    log.info("asking the writer of %s (%s) to hand the log over; waiting up to %gs", dest.url, held, timeout)
+    logger.info("asking the writer of %s (%s) to hand the log over; waiting up to %gs", dest.url, held, timeout)
     pause = TRY_LOCAL if dest.appendable else TRY_OBJECT
     try:
         while True:
@@ -107,7 +107,7 @@ def ask_for_handover(
                     ) from e
                 time.sleep(pause)
                 continue
-            log.info("took the log at %s over after %.3fs", dest.url, time.time() - started)
+            logger.info("took the log at %s over after %.3fs", dest.url, time.time() - started)
             return lock
     finally:
         if mine:
@@ -124,7 +124,7 @@ def _post_request(dest: Destination, writer_id: str, to: str, asked: float, dead
         except FileExistsError:
             other = read_request(dest)
             if other is not None and other.deadline > time.time():
-                log.info("%s asked for a handover of %s already; waiting beside it", other.by, dest.url)
+                logger.info("%s asked for a handover of %s already; waiting beside it", other.by, dest.url)
                 return False
             # A request whose asker gave up (or garbage): ours replaces it.
             try:
@@ -144,7 +144,7 @@ def _withdraw(dest: Destination, writer_id: str) -> None:
     except FileNotFoundError:
         pass
     except OSError as e:
-        log.warning("could not delete the handover request at %s: %s", dest.url, e)
+        logger.warning("could not delete the handover request at %s: %s", dest.url, e)
 
 
 class HandoverWatch:
@@ -169,12 +169,12 @@ class HandoverWatch:
         try:
             request = read_request(self._dest)  # one stat or GET when there is none
         except OSError as e:
-            log.debug("looking for a handover request at %s: %s", self._dest.url, e)
+            logger.debug("looking for a handover request at %s: %s", self._dest.url, e)
             return
         if request is None or request.to != self._writer_id or request == self._ignored:
             return  # none, not one, not for this writer (it asked the one before), or said already
         if request.deadline - time.time() < ANSWER_MARGIN:
-            log.info("ignoring a handover request at %s from %s: its asker has given up", self._dest.url, request.by)
+            logger.info("ignoring a handover request at %s from %s: its asker has given up", self._dest.url, request.by)
             self._ignored = request
             return
         self.answering = request

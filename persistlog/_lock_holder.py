@@ -14,7 +14,7 @@ from typing import Any
 
 from destinations import HOLDER_NAMES, Destination, HolderRecord
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 @dataclass
@@ -68,7 +68,7 @@ def read_holder(dest: Destination) -> Holder | None:
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            log.debug("cannot read %s/%s: %s", dest.url, name, e)
+            logger.debug("cannot read %s/%s: %s", dest.url, name, e)
             continue
         if not raw.strip():
             continue

@@ -53,7 +53,7 @@ from ._signing import Checkpoints
 from ._writer_lease import WriterLease
 from ._writer_lease import release_writer_lock as release_writer_lock
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 DURABILITY_MODES = ("buffered", "flush", "fsync")
 COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
@@ -644,7 +644,7 @@ class Log:
                 return {}
             if not announced:
                 announced = True
-                log.info("closing %s: waiting up to %.1fs for secondary(ies) %s to take a complete log",
+                logger.info("closing %s: waiting up to %.1fs for secondary(ies) %s to take a complete log",
                          self.dest.url, left(), ", ".join(s.dest.url for s in behind))
             answering = [s for s in behind if s.wait_answer(left())]
             if not answering:
@@ -668,7 +668,7 @@ class Log:
             if lag is None:
                 continue
             self._behind[lag.url] = lag
-            log.warning(
+            logger.warning(
                 "secondary %s is behind the primary after close: a restore of it reaches LSN %s of the "
                 "primary's %d (%s)", lag.url, "unknown" if lag.last_lsn is None else lag.last_lsn,
                 lag.primary_last_lsn, lag.reason,
@@ -713,7 +713,7 @@ class Log:
         """Close on behalf of an app that did not (at exit, or once collected)."""
         if self._close_done:
             return
-        log.info("closing the log at %s, which was left open", self.dest.url)
+        logger.info("closing the log at %s, which was left open", self.dest.url)
         self._close(rotation_wait)
 
     def _abandon(self) -> None:
@@ -725,7 +725,7 @@ class Log:
                 self._lease.release()
                 self.dest.close()
         except Exception as e:
-            log.debug("closing after a failed open: %s", e)
+            logger.debug("closing after a failed open: %s", e)
 
     # -- background work ----------------------------------------------------------------
 
@@ -759,10 +759,10 @@ class Log:
             if self._handover is not None and now >= self._handover.due - 1e-3:
                 self._handover.look()
         except PersistLogError as e:
-            log.debug("background flush stopped: %s", e)
+            logger.debug("background flush stopped: %s", e)
             return None
         except Exception:
-            log.exception("background flush failed")
+            logger.exception("background flush failed")
         return self._next_background()
 
     def _next_background(self) -> float | None:
@@ -783,20 +783,20 @@ class Log:
         the close writes a fresh snapshot first (the app's locks make an enumeration from
         this thread safe); in the default mode it does not: this thread is no quiet point,
         since an app thread may be between logging a change and applying it."""
-        log.info("handing the log at %s over to %s", self.dest.url, request.by)
+        logger.info("handing the log at %s over to %s", self.dest.url, request.by)
         self._writer.handed_over_to(request.by)
         if self._on_handover is not None:
             try:
                 self._on_handover()
             except Exception:
-                log.exception("on_handover raised; handing the log over all the same")
+                logger.exception("on_handover raised; handing the log over all the same")
         try:
             self.close(rotate=self._rotator.concurrent)
         except PersistLogError as e:
             # Closed all the same (a failed enumeration keeps the last complete log).
-            log.warning("handing the log at %s over: %s", self.dest.url, e)
+            logger.warning("handing the log at %s over: %s", self.dest.url, e)
         except Exception:
-            log.exception("handing the log at %s over failed", self.dest.url)
+            logger.exception("handing the log at %s over failed", self.dest.url)
 
     # -- the rotation signal ------------------------------------------------------------
 

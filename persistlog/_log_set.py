@@ -37,7 +37,7 @@ from destinations import Destination, destination_url, open_destination, subdire
 from . import _encoder
 from . import _format as F
 from ._api import StoreOptions
-from ._api import open as open_log
+from ._api import open_log
 from ._api import restore as restore_log
 from ._codec import Codec
 from ._crypt import Keyring
@@ -47,7 +47,7 @@ from ._log import Log
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: Shard levels a set may have: 256 shards per level.
 MIN_DEPTH, MAX_DEPTH, DEFAULT_DEPTH = 1, 4, 1
@@ -271,7 +271,7 @@ class LogSet(AbstractContextManager["LogSet"]):
             return found
         except OSError as e:
             raise DestinationError(f"cannot make a log set at {self.root}: {e}") from e
-        log.info("made a log set at %s (depth %d)", self.root, depth)
+        logger.info("made a log set at %s (depth %d)", self.root, depth)
         return depth
 
     # -- keys and where their logs are -------------------------------------------------------
@@ -317,7 +317,7 @@ class LogSet(AbstractContextManager["LogSet"]):
             for name in names:
                 key = name_key(name)
                 if key is None or tuple(shards(key, self.depth)) != prefix:
-                    log.warning("%s: %s is no key's directory in this log set; skipped", self.root, "/".join((*prefix, name)))
+                    logger.warning("%s: %s is no key's directory in this log set; skipped", self.root, "/".join((*prefix, name)))
                     continue
                 yield key, _join(self.root, *prefix, name)
 
@@ -444,7 +444,7 @@ class LogSet(AbstractContextManager["LogSet"]):
             try:
                 lg.close()
             except Exception as e:
-                log.error("%s: closing the log of key %r failed: %s", self.root, key, e)
+                logger.error("%s: closing the log of key %r failed: %s", self.root, key, e)
                 return e
             return None
 

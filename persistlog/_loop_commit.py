@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ._batch_writer import BatchWriter
     from ._log import Log
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 _Waiter = tuple[int, bool, "asyncio.Future[int]"]
 # A waiter's LSN and whether it asked for durability (C calls over a group, not a generator).
@@ -179,7 +179,7 @@ class LoopCommit:
                 writer.commit(top, durable=any(map(_DURABLE, group)))
             except BaseException as e:  # the log is failed or closed: each waiter says which
                 error = e
-                log.debug("a write for the event loop failed: %s", e)
+                logger.debug("a write for the event loop failed: %s", e)
             else:
                 group += self._covered(writer)
             del writer  # not held while idle

@@ -23,7 +23,7 @@ from ._decoder import parse_consumer_position
 from ._errors import CorruptLogError, DestinationError
 from ._cursor import Cursor
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class PositionStore:
             try:
                 stored = self.read(name)
             except CorruptLogError as e:
-                log.warning("%s", e)
+                logger.warning("%s", e)
                 positions[name] = None
                 continue
             if stored is not None:  # else deleted since the listing: a consumer just forgotten

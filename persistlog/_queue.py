@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from destinations import Destination
 
 from ._api import StoreOptions
-from ._api import open as open_log
+from ._api import open_log
 from ._api import restore as restore_log
 from ._codec import Codec
 from ._crypt import Keyring, keyring
@@ -54,7 +54,7 @@ from ._secondaries import SecondaryLag
 if TYPE_CHECKING:
     from ._log_set import LogSet
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: Queues :meth:`Queue.open_many` opens at once: an open waits mostly for the syncs of
 #: its new log, which overlap (4 threads open about 3x faster than 1 on a local disk).

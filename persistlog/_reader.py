@@ -40,7 +40,7 @@ from ._crypt import OPAQUE, Keyring
 from ._shared_values import ValueTable
 from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 READ_CHUNK = 4 * 1024 * 1024
 # A log header batch is small unless the app's metadata is big: one read usually holds it.
@@ -333,11 +333,11 @@ def read_pointer(dest: Destination) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        log.warning("cannot read %s/CURRENT (%s); falling back to listing", dest.url, e)
+        logger.warning("cannot read %s/CURRENT (%s); falling back to listing", dest.url, e)
         return None
     seq = parse_pointer(data)
     if seq is None:
-        log.warning("%s/CURRENT is damaged; falling back to listing", dest.url)
+        logger.warning("%s/CURRENT is damaged; falling back to listing", dest.url)
     return seq
 
 
@@ -482,7 +482,7 @@ def walk_headers(
             pos += h.size
     except Damage as d:
         walk.damage = d
-        log.debug("walk of %s/%s stopped at %d: %s", dest.url, name, d.offset, d.reason)
+        logger.debug("walk of %s/%s stopped at %d: %s", dest.url, name, d.offset, d.reason)
     walk.done = True
     return walk
 
@@ -608,7 +608,7 @@ class LogScanner:
 
     def _corrupt(self, reason: str, name: str, offset: int, length: int = 0) -> None:
         if self.recovery == "skip":
-            log.warning("skipping damage in %s log %d %s at %d: %s", self.dest.url, self.seq, name, offset, reason)
+            logger.warning("skipping damage in %s log %d %s at %d: %s", self.dest.url, self.seq, name, offset, reason)
             self.state.skipped.append(Skipped(self.seq, name, offset, length, reason))
             return
         raise CorruptLogError(reason, destination=self.dest.url, log=self.seq, segment=name, offset=offset)
@@ -763,7 +763,7 @@ class LogScanner:
                         return  # a write in progress: come back later
                     if self.dest.appendable and not self._segment_sealed(seg):
                         st.torn = TornTail(self.seq, name, pos, size - pos, d.reason)
-                        log.info(
+                        logger.info(
                             "dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
                             self.dest.url, self.seq, size - pos, name, pos, d.reason,
                         )
@@ -933,7 +933,7 @@ class LogScanner:
         ):
             if tail and not self.tail_ok:
                 self.state.torn = TornTail(self.seq, name, end, len(tail), "seal trailer cut short")
-                log.info("dropped torn seal trailer of %s log %d: %d bytes at %s:%d",
+                logger.info("dropped torn seal trailer of %s log %d: %d bytes at %s:%d",
                          self.dest.url, self.seq, len(tail), name, end)
             return
         self._corrupt("seal batch is not followed by exactly its trailer", name, end, seg.size - end)

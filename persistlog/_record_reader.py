@@ -26,7 +26,7 @@ from ._errors import CorruptLogError, DestinationError
 from ._crypt import Keyring
 from ._reader import Batch, LogScanner, list_logs
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: What one read of storage asks for at least: a few small batches, not the rest of a
 #: segment (a scan's 4 MiB), since a point read usually stops at the first batch.

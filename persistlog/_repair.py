@@ -46,7 +46,7 @@ from ._destination_check import inspect_destination
 from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
 from ._reader import closed_end
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 BROKEN_DIR = "broken"
 
@@ -433,7 +433,7 @@ def _execute(dest: LocalDestination, plan: RepairPlan, result: RepairResult) -> 
         elif a.kind == TRUNCATE and a.segment is not None and a.offset is not None:
             result.saved.append(_copy_aside(dest, broken, a.segment, stamp))
             _truncate(os.path.join(dest.path, a.segment), a.offset)
-            log.warning("repair: truncated %s/%s to %d bytes (%s)", dest.url, a.segment, a.offset, a.reason)
+            logger.warning("repair: truncated %s/%s to %d bytes (%s)", dest.url, a.segment, a.offset, a.reason)
     fsync_dir(broken)
     fsync_dir(dest.path)
 
@@ -465,7 +465,7 @@ def _move_aside(dest: LocalDestination, broken: str, name: str, stamp: str) -> s
     os.rename(os.path.join(dest.path, name), target)
     fsync_dir(broken)
     fsync_dir(dest.path)
-    log.warning("repair: moved %s/%s to %s", dest.url, name, target)
+    logger.warning("repair: moved %s/%s to %s", dest.url, name, target)
     return target
 
 

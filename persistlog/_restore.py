@@ -40,7 +40,7 @@ from ._reader import (
 )
 from ._seek import seek
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 @dataclass
@@ -110,7 +110,7 @@ def plan(dest: Destination) -> ReplayPlan:
     if pointer is not None and pointer in logs and pointer >= seqs[run]:
         return ReplayPlan(logs, pointer, True, pointer)
     if pointer is not None:
-        log.warning("%s/CURRENT names log %d, which is gone or stale; searching the logs", dest.url, pointer)
+        logger.warning("%s/CURRENT names log %d, which is gone or stale; searching the logs", dest.url, pointer)
     for seq in reversed(seqs[run:]):
         if _is_complete(dest, seq, logs[seq]):
             return ReplayPlan(logs, seq, True, pointer)
@@ -122,10 +122,10 @@ def plan(dest: Destination) -> ReplayPlan:
             if _is_complete(dest, seq, logs[seq]):
                 return ReplayPlan(logs, seq, True, pointer)
         except CorruptLogError as e:
-            log.warning("%s: cannot tell whether log %d is complete: %s", dest.url, seq, e)
+            logger.warning("%s: cannot tell whether log %d is complete: %s", dest.url, seq, e)
             break
     oldest = min(logs)
-    log.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
+    logger.warning("no complete log at %s: replaying every log from log %d", dest.url, oldest)
     return ReplayPlan(logs, oldest, False, pointer)
 
 
@@ -241,7 +241,7 @@ def _check_end(
         name, offset, length = segment_name(st.seq, st.position[0]), st.position[1], 0
     if recovery == "strict":
         raise CorruptLogError(why, destination=dest.url, log=st.seq, segment=name, offset=offset)
-    log.warning("skipping damage in %s log %d %s at %d: %s", dest.url, st.seq, name, offset, why)
+    logger.warning("skipping damage in %s log %d %s at %d: %s", dest.url, st.seq, name, offset, why)
     st.torn = None
     st.skipped.append(Skipped(st.seq, name, offset, length, why))
     return first
@@ -317,7 +317,7 @@ def scan_from(
 
 def _stop_at_gap(dest: Destination, p: ReplayPlan, rest: list[int]) -> None:
     p.after_gap = rest
-    log.warning(
+    logger.warning(
         "%s: log %d follows a gap its writer left here and no log from it on is complete yet: "
         "replaying up to the gap, not log(s) %s", dest.url, rest[0], rest,
     )
@@ -413,7 +413,7 @@ def restore_from(
     if p.start is None:
         if not missing_ok:
             raise no_log(dest)
-        log.info("no log at %s: nothing to restore", dest.url)
+        logger.info("no log at %s: nothing to restore", dest.url)
         return result, []
     result.found = True
     result.complete = p.complete
@@ -445,7 +445,7 @@ def restore_from(
                     # Checksums held but the records do not decode: corruption like any other.
                     name = segment_name(batch.log, batch.segment)
                     if recovery == "skip":
-                        log.warning("skipping undecodable batch in %s log %d %s at %d: %s",
+                        logger.warning("skipping undecodable batch in %s log %d %s at %d: %s",
                                     dest.url, batch.log, name, batch.offset, d.reason)
                         scanner.state.skipped.append(Skipped(batch.log, name, batch.offset, batch.header.size, d.reason))
                         continue
@@ -472,5 +472,5 @@ def restore_from(
     elif states and states[-1].next_lsn is not None:
         result.next_lsn = states[-1].next_lsn
         result.last_lsn = result.next_lsn - 1
-    log.info("restored %d records from log(s) %s at %s", result.records, result.logs, dest.url)
+    logger.info("restored %d records from log(s) %s at %s", result.records, result.logs, dest.url)
     return result, states

@@ -26,7 +26,7 @@ from ._errors import PersistLogError
 from ._positions import PositionStore
 from ._reader import LogScanner, list_logs
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def is_complete(dest: Destination, seq: int, segments: list[tuple[int, str]]) ->
             if scanner.state.complete:
                 return True
     except (PersistLogError, OSError) as e:
-        log.warning("cannot tell whether log %d at %s is complete: %s", seq, dest.url, e)
+        logger.warning("cannot tell whether log %d at %s is complete: %s", seq, dest.url, e)
     return False
 
 
@@ -120,7 +120,7 @@ def apply_retention(dest: Destination, known_complete: list[int], retain: int | 
         deleted.append(seq)
     known_complete[:] = [s for s in known_complete if s >= keep_from]
     if deleted:
-        log.info("retention at %s deleted log(s) %s, keeping from log %d", dest.url, deleted, keep_from)
+        logger.info("retention at %s deleted log(s) %s, keeping from log %d", dest.url, deleted, keep_from)
     return deleted
 
 
@@ -138,7 +138,7 @@ def kept_longer(dest: Destination, logs: dict[int, list[tuple[int, str]]], keep_
             need = older[0] if position is None else position.cursor.log
             if need < want:
                 want = need
-                log.debug("retention at %s keeps from log %d for consumer %r", dest.url, need, name)
+                logger.debug("retention at %s keeps from log %d for consumer %r", dest.url, need, name)
     if rules.seconds is not None:
         cutoff = time.time() - rules.seconds
         seqs = sorted(logs)
@@ -154,7 +154,7 @@ def kept_longer(dest: Destination, logs: dict[int, list[tuple[int, str]]], keep_
         seqs = sorted(logs)
         cap = seqs[-rules.max_logs] if len(seqs) > rules.max_logs else seqs[0]
         if want < cap:
-            log.warning(
+            logger.warning(
                 "retention at %s deletes logs %d..%d although they are still wanted (retain_max_logs=%d): "
                 "a consumer still reading them resets", dest.url, want, cap - 1, rules.max_logs,
             )

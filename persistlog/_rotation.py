@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from ._batch_buffer import BatchBuffer
     from ._batch_writer import BatchWriter
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 #: Nanoseconds of enumeration between two times it gives the GIL away (``Emit._give_way``):
@@ -390,7 +390,7 @@ class Rotator:
         seq = writer.seq + 1
         writer.start_log(seq)
         self._arm_records(False)
-        log.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
+        logger.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
                  seq, writer.dest.url, seq - 1)
         return seq
 
@@ -562,12 +562,12 @@ class Rotator:
             self.last_error = e
             if isinstance(e, LogFailedError) or writer.failed is not None:
                 raise
-            log.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
+            logger.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
             if self.on_error is not None:
                 try:
                     self.on_error(e)
                 except Exception:
-                    log.exception("on_error callback raised")
+                    logger.exception("on_error callback raised")
             raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
         emit.close()
         emitted = emit.count
@@ -582,7 +582,7 @@ class Rotator:
             "seconds": round(time.monotonic() - started, 6),
             "finished": time.time(),
         }
-        log.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted,
+        logger.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted,
                  self.last_rotation["seconds"])
         if self.on_complete is not None:
             self.on_complete(seq, complete_lsn)
@@ -592,12 +592,12 @@ class Rotator:
         if not self._pointer_moved:
             # Old logs go only once a newer complete log *and its pointer* are durable
             # (docs/DESIGN.md invariant 4): wait for a rotation whose CURRENT move succeeds.
-            log.warning("retention at %s postponed: CURRENT was not moved", self._writer.dest.url)
+            logger.warning("retention at %s postponed: CURRENT was not moved", self._writer.dest.url)
             return
         try:
             apply_retention(self._writer.dest, self.known_complete, self.retention, self._writer.seq)
         except BaseException as e:  # the rotation job must outlive anything retention meets
-            log.warning("retention at %s failed (will retry after the next rotation): %s", self._writer.dest.url, e)
+            logger.warning("retention at %s failed (will retry after the next rotation): %s", self._writer.dest.url, e)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
@@ -623,7 +623,7 @@ class Rotator:
             return
         job.cancel()
         if not job.wait_idle(timeout):
-            log.warning("closing %s without waiting any longer for the rotation in progress", self._writer.dest.url)
+            logger.warning("closing %s without waiting any longer for the rotation in progress", self._writer.dest.url)
 
     def idle(self) -> bool:
         """Whether no rotation runs or waits (retention included)."""

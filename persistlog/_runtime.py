@@ -51,7 +51,7 @@ from collections.abc import Callable
 from types import MethodType
 from typing import Any, Generic, TypeVar, cast
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 T = TypeVar("T")
 
@@ -75,10 +75,10 @@ def workers_from_env() -> int:
     try:
         n = int(raw)
     except ValueError:
-        log.warning("%s=%r is not a number of threads; using %d", WORKERS_ENV, raw, DEFAULT_WORKERS)
+        logger.warning("%s=%r is not a number of threads; using %d", WORKERS_ENV, raw, DEFAULT_WORKERS)
         return DEFAULT_WORKERS
     if n < MIN_WORKERS:
-        log.warning("%s=%d: the runtime needs %d workers at least (one for rotations, one for flushes)",
+        logger.warning("%s=%d: the runtime needs %d workers at least (one for rotations, one for flushes)",
                     WORKERS_ENV, n, MIN_WORKERS)
     return max(MIN_WORKERS, n)
 
@@ -282,7 +282,7 @@ class Runtime:
                     if flag():
                         job.run_soon()
                 except Exception:
-                    log.exception("reading a signal flag failed")
+                    logger.exception("reading a signal flag failed")
 
     # -- the workers -----------------------------------------------------------------------
 
@@ -312,9 +312,9 @@ class Runtime:
             try:
                 nxt = job._fn()
             except Exception:  # a worker outlives anything a job raises
-                log.exception("background job %s failed", job.name)
+                logger.exception("background job %s failed", job.name)
             except BaseException as e:  # (a job's own thread would have ended with it)
-                log.debug("background job %s ended by %r", job.name, e)
+                logger.debug("background job %s ended by %r", job.name, e)
             with self._mutex:
                 self.runs += 1
                 job._runner = None

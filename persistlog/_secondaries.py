@@ -47,7 +47,7 @@ from ._restore import reach
 from ._retention import Retention, apply_retention
 from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 QUEUE_BATCHES = 256
 LEASE_TTL = 30.0
@@ -155,7 +155,7 @@ class Secondary:
         self._thread.start()
         if not self._probed.wait(wait):
             self.error = TimeoutError(f"secondary {self.dest.url} did not answer within {wait}s")
-            log.warning("going on without secondary %s for now: it did not answer within %ss", self.dest.url, wait)
+            logger.warning("going on without secondary %s for now: it did not answer within %ss", self.dest.url, wait)
 
     def _take_lock(self) -> None:
         try:
@@ -173,7 +173,7 @@ class Secondary:
             seq, next_lsn, self._end_head = end_and_chain(self.dest, logs, seal)
             self._end = (seq, next_lsn)
         except Exception as e:  # unknown end: the next log declares a gap, which is always safe
-            log.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
+            logger.info("cannot tell where the logs at %s end (%s): the next log there follows a gap", self.dest.url, e)
             self._end = None
             self._end_head = None
         self._read_reach()
@@ -186,7 +186,7 @@ class Secondary:
         try:
             self._reach = reach(self.dest)
         except Exception as e:
-            log.info("cannot tell how far a restore of %s reaches: %s", self.dest.url, e)
+            logger.info("cannot tell how far a restore of %s reaches: %s", self.dest.url, e)
             self._reach = None
 
     # -- events from the Log (in LSN order; batches under its I/O lock) -----------------
@@ -223,7 +223,7 @@ class Secondary:
         # A thread still trying to take the secondary lets go of it when that returns.
         self._thread.join(timeout if self._lock is not None else min(timeout or 1.0, 1.0))
         if self._thread.is_alive() and self._lock is not None:
-            log.warning("secondary %s did not drain within %ss", self.dest.url, timeout)
+            logger.warning("secondary %s did not drain within %ss", self.dest.url, timeout)
 
     def wait_complete(self, seq: int, timeout: float | None = None) -> bool:
         """Wait until log ``seq`` is complete at this destination (False if detached)."""
@@ -382,7 +382,7 @@ class Secondary:
                     self._renew()
             except Exception as e:
                 if event is not None and event[1] == "close":
-                    log.warning("closing secondary %s failed: %s", self.dest.url, e)
+                    logger.warning("closing secondary %s failed: %s", self.dest.url, e)
                     self.error = e
                     return
                 self._detach(e)
@@ -442,7 +442,7 @@ class Secondary:
             self._failures += 1
             self._schedule_retry(e)
             if self.error is None or self._failures == 1:
-                log.warning("secondary %s is detached (retrying in %.1fs): %s", self.dest.url,
+                logger.warning("secondary %s is detached (retrying in %.1fs): %s", self.dest.url,
                             self._retry_at - time.monotonic() if self._retry_at else 0.0, e)
             self.error = e
             return False
@@ -450,7 +450,7 @@ class Secondary:
             self._release()
             return False
         if self.error is not None:
-            log.info("secondary %s answers again: it is re-attached with the next log", self.dest.url)
+            logger.info("secondary %s answers again: it is re-attached with the next log", self.dest.url)
         self.error = None
         return True
 
@@ -491,7 +491,7 @@ class Secondary:
             self._complete_lsn = None
             self._end = (seq, first)
             if self.error is not None:
-                log.info("re-attached secondary %s with log %d", self.dest.url, seq)
+                logger.info("re-attached secondary %s with log %d", self.dest.url, seq)
                 self.error = None
             return
         sw = self._sw
@@ -534,7 +534,7 @@ class Secondary:
         """The log header, saying that this log does not continue the one before it here."""
         header = header_record(header_batch, 0)
         assert header is not None, "the writer's first batch is its log header"
-        log.info("secondary %s: log %d follows a gap (the logs here end at %s)", self.dest.url,
+        logger.info("secondary %s: log %d follows a gap (the logs here end at %s)", self.dest.url,
                  header["seq"], self._end)
         return _encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us(), link_of(header_batch))
 
@@ -556,7 +556,7 @@ class Secondary:
         self._whole = False
         self._feed = False  # events of this log are no use here: spare the queue
         self._schedule_retry(e)
-        log.warning("secondary %s detached (retrying in %.1fs): %s", self.dest.url,
+        logger.warning("secondary %s detached (retrying in %.1fs): %s", self.dest.url,
                     (self._retry_at or 0.0) - time.monotonic(), e)
         if self._sw is not None:
             try:
@@ -571,6 +571,6 @@ class Secondary:
             try:
                 self._lock.release()
             except OSError as e:
-                log.warning("releasing the writer lock on %s failed: %s", self.dest.url, e)
+                logger.warning("releasing the writer lock on %s failed: %s", self.dest.url, e)
             self._lock = None
         self.dest.close()

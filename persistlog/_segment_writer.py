@@ -38,7 +38,7 @@ from ._chain import head_after, segment_version
 from ._errors import WriterConflict
 from ._reader import last_segment_state, list_logs, newer_log
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 #: How many times a writer taking an object store over looks again for the end of the
 #: newest log when segments keep landing there before its fence does.
@@ -81,7 +81,7 @@ def move_pointer(dest: Destination, seq: int) -> bool:
         else:
             dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
     except OSError as e:
-        log.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
+        logger.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
         return False
     return True
 
@@ -100,7 +100,7 @@ def note_closed(dest: Destination, seq: int, next_lsn: int) -> None:
     try:
         dest.replace_hint(F.CLOSED_NAME, _encoder.closed_note(seq, next_lsn))
     except OSError as e:
-        log.warning("could not write %s/%s after sealing log %d: %s", dest.url, F.CLOSED_NAME, seq, e)
+        logger.warning("could not write %s/%s after sealing log %d: %s", dest.url, F.CLOSED_NAME, seq, e)
 
 
 def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
@@ -137,7 +137,7 @@ def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
                                                      st.version))
         except FileExistsError:
             continue  # the other writer's segment landed first: fence after it
-        log.info("fenced log %d at %s with %s: a writer before this one can add nothing to it", seq, dest.url, name)
+        logger.info("fenced log %d at %s with %s: a writer before this one can add nothing to it", seq, dest.url, name)
         return name
     raise WriterConflict(
         f"segments kept landing in the newest log at {dest.url} while this writer fenced it: another writer is active"

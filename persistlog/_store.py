@@ -21,13 +21,13 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any, Unpack
 
-from ._api import StoreOptions, open
+from ._api import StoreOptions, open_log
 from ._log import Log
 from ._restore import RestoreResult
 from ._rotation import Emit
 from ._secondaries import SecondaryLag
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 # Keys an enumeration emits per hold of the store's lock: one emit.many() call each, about
 # half a millisecond of encoding, which is the longest an update waits for it.
@@ -95,11 +95,11 @@ class ResourceStore(MutableMapping[Any, Any]):
                     "lock across each update and each emit, so its enumerations run beside updates"
                 )
         # The concurrency contract, kept by the store's lock: enumerations run beside updates.
-        store._log = open(
+        store._log = open_log(
             url, store._enumerate, replay_batch=store._apply_batch, concurrent_enumeration=True, **options
         )
         if store._log.restored is not None and not store._log.restored.found:
-            log.info("ResourceStore: no log at %s yet; a new one was created there", store._log.url)
+            logger.info("ResourceStore: no log at %s yet; a new one was created there", store._log.url)
         store.restored = store._log.restored
         return store
 

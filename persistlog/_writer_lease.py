@@ -21,7 +21,7 @@ from destinations import LockHeld, WriterLock
 
 from ._errors import WriterConflict
 
-log = logging.getLogger("persistlog")
+logger = logging.getLogger("persistlog")
 
 
 def release_writer_lock(handle: WriterLock, url: str) -> None:
@@ -29,7 +29,7 @@ def release_writer_lock(handle: WriterLock, url: str) -> None:
     try:
         handle.release()
     except OSError as e:
-        log.warning("releasing the writer lock on %s failed: %s", url, e)
+        logger.warning("releasing the writer lock on %s failed: %s", url, e)
 
 
 class WriterLease:
@@ -71,7 +71,7 @@ class WriterLease:
         except LockHeld as e:
             self._on_lost(WriterConflict(f"lost the writer lease on {self._url}: {e}"))
         except OSError as e:
-            log.warning("renewing the writer lease on %s failed: %s", self._url, e)
+            logger.warning("renewing the writer lease on %s failed: %s", self._url, e)
 
     def release(self) -> None:
         """Release the lock (once; later calls do nothing)."""

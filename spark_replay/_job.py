@@ -32,7 +32,7 @@ from persistlog import Cursor, DestinationError, PositionError
 from persistlog.reading import UsageError
 from persistlog.reading import parse_storage_options as _parse_cli_storage_options
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -364,7 +364,7 @@ def run(
     out = output.work
     events_path, state_path = f"{out}/events", f"{out}/state"
     df = read(spark, args.url, **options)
-    log.info("writing %s", events_path)
+    logger.info("writing %s", events_path)
     by = ["log_key", "log_seq"] if log_set else ["log_seq"]
     df.write.mode(mode).partitionBy(*by).parquet(events_path)
     # Later steps read the Parquet just written rather than decoding the logs again.
@@ -393,7 +393,7 @@ def run(
         else:
             target = resolve_lsn(events, args.as_of_lsn, args.as_of_time)
             live = state(events, key=key, op=op, as_of_lsn=target)
-        log.info("writing %s (state as of LSN %s)", state_path, target)
+        logger.info("writing %s (state as of LSN %s)", state_path, target)
         live.write.mode(mode).parquet(state_path)
         keys = spark.read.parquet(state_path).count()
     corrupt = None
@@ -534,7 +534,7 @@ def follow_main(args: argparse.Namespace, spark: Any, stdout: TextIO) -> int:
     except Exception as e:
         if not type(e).__module__.startswith(("pyspark", "py4j")):
             raise
-        log.debug("Spark failure", exc_info=True)
+        logger.debug("Spark failure", exc_info=True)
         explained = _advice(_explain(e), args.url)
         if spark_log is not None:
             keep_log = True
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None, *, spark: Any = None, stdout: TextIO | N
         except Exception as e:
             if not type(e).__module__.startswith(("pyspark", "py4j")):
                 raise
-            log.debug("Spark failure", exc_info=True)
+            logger.debug("Spark failure", exc_info=True)
             explained = _advice(_explain(e), args.url)
             if spark_log is not None and not explained.startswith("CorruptLogError"):
                 # An unexpected failure: the details are in Spark's own log.

@@ -47,7 +47,7 @@ from persistlog.reading import (
 )
 from ._options import MIN_SPLIT_BYTES, ReadOptions
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 # Remote size look-ups and header walks are latency-bound: overlap them.
 IO_THREADS = 16
@@ -166,7 +166,7 @@ def _sizes(dest: Destination, lg: _Log, opts: ReadOptions, sizes: dict[str, int]
                 f"segment(s) {list(missing)} missing from the log",
                 destination=dest.url, log=lg.seq, segment=lg.segments[-1][1], offset=0,
             )
-        log.warning("log %d at %s lacks segment(s) %s", lg.seq, dest.url, list(missing))
+        logger.warning("log %d at %s lacks segment(s) %s", lg.seq, dest.url, list(missing))
     lg.missing = missing
     lg.sizes = [sizes[name] for _, name in lg.segments]
 
@@ -227,7 +227,7 @@ def plan(opts: ReadOptions) -> list[LogPartition] | list[SetPartition]:
     try:
         read = _survey_log(dest, opts)
         parts = _partitions_of(read, opts, split_bytes(read.nbytes, opts))
-        log.info(
+        logger.info(
             "planned %d partition(s) over %d log(s) at %s (%s bytes)",
             len(parts), len(read.kept), opts.url, sum(p.nbytes for p in parts),
         )
@@ -337,7 +337,7 @@ def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str 
     if last_gap is not None and all(lg.complete_lsn is None for lg in kept if lg.seq >= last_gap):
         # As restore does: nothing from the last gap on is complete yet, so none of it
         # continues a state this read can build.
-        log.info("%s: log(s) from %d on follow a gap and none is complete yet: not read", dest.url, last_gap)
+        logger.info("%s: log(s) from %d on follow a gap and none is complete yet: not read", dest.url, last_gap)
         kept = [lg for lg in kept if lg.seq < last_gap]
     for i, lg in enumerate(logs[1:]):
         if lg.seq in gaps:
@@ -562,7 +562,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
         try:
             listing, sizes = _listed_sized(dest)
             if not listing:
-                log.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
+                logger.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
                 dest.close()
                 return None
             return _Listed(key, dest, listing, sizes)
@@ -626,7 +626,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
                 bound += share
         tasks[-1].units += (unit,)
         done += cost
-    log.info(
+    logger.info(
         "planned %d partition(s) over %d log(s) at %s (%s bytes)",
         len(tasks), len({u.log_key for u in units}), opts.url, nbytes,
     )

@@ -49,7 +49,7 @@ from ._keys import keys_named
 from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
 from ._schema import TIMESTAMP, arrow_schema
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 # Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost,
 # small enough to keep a task's memory flat.
@@ -453,7 +453,7 @@ def _rows_into(rng: _Range, batches: Iterable[Batch], cols: _Columns) -> Iterato
             yield cols.flush()
     skipped = sum(p.kind == "skipped" for p in rng.problems)
     if skipped:
-        log.warning(
+        logger.warning(
             "passed over %d damaged range(s) in log %d at %s; see spark_replay.corrupt_report()",
             skipped, part.seq, part.url,
         )

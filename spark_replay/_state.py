@@ -9,7 +9,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as sf
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 _REQUIRED = ("log_seq", "lsn", "commit_time", "base_log")
 # The column naming each row's log in a frame read from a log set.
@@ -129,7 +129,7 @@ def state(
         return _state_of_each_log(df, key_col, op_col, lossless, leading, as_of_lsn, as_of_time)
     target = resolve_lsn(df, as_of_lsn, as_of_time)
     if target is None:
-        log.info("state(): the frame holds no record; the state is empty")
+        logger.info("state(): the frame holds no record; the state is empty")
         return _shape(df.limit(0).withColumn("_k", key_col), df, lossless)
     # One aggregate, no sort: the last record at or before the point, and its replay base.
     point = (
@@ -146,7 +146,7 @@ def state(
     if point["base_log"] is None:
         raise ValueError(_too_old(df, target))
     base = int(point["base_log"])
-    log.info("state as of LSN %d: replaying from log %d", target, base)
+    logger.info("state as of LSN %d: replaying from log %d", target, base)
     history = df.filter((sf.col("log_seq") >= base) & (sf.col("lsn") <= target))
     return _last_writes(history, key_col, op_col, lossless, leading, ())
 

@@ -33,7 +33,7 @@ from ._options import StreamOptions, starting_position
 from ._plan import LogPartition, split_bytes
 from ._tail import GAP_OPTIONS, Mark, Position, Tail, earliest_position, end_cursor, restore_position
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 #: The key of the initial offset, which names where the stream starts (see initialOffset).
 STARTING = "startingPosition"
@@ -101,7 +101,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             except FileNotFoundError as e:
                 if isinstance(e, PersistLogError):
                     raise
-                log.info("stream of %s: %s; looking for the %s position again", self.opts.read.url, e, where)
+                logger.info("stream of %s: %s; looking for the %s position again", self.opts.read.url, e, where)
         raise outrun(self.opts.read.url, RESYNC_ATTEMPTS)
 
     def _position(self, where: str) -> Position | None:
@@ -133,9 +133,9 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                         f"no persistlog log at {self.opts.read.url}: check the path given to load(), "
                         'or set .option("waitForLog", "true") to wait for a writer to make one'
                     )
-                log.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
+                logger.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
                 return start
-            log.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])
+            logger.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])
             return first.offset()
         max_records = max_bytes = None
         if not isinstance(limit, ReadAllAvailable):
@@ -162,7 +162,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         restart = self._start("restore")
         if restart is None:
             raise gap
-        log.warning("%s; onRetentionGap=restore: continuing from log %d", gap, restart.cursor.log)
+        logger.warning("%s; onRetentionGap=restore: continuing from log %d", gap, restart.cursor.log)
         return replace(restart, restored=True).offset()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -197,7 +197,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             pass
         newest = self._start("restore")
         if newest is not None and first.log < newest.cursor.log <= last.log:
-            log.warning("retention at %s deleted log %d segment %d while a micro-batch read it: "
+            logger.warning("retention at %s deleted log %d segment %d while a micro-batch read it: "
                         "rows of it may be missing, but the micro-batch holds complete log %d "
                         "from its start, whose rows rebuild the state", self.opts.read.url,
                         first.log, number, newest.cursor.log)
@@ -228,7 +228,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             # retention deleted since: none of them can be read now.
             if self.opts.on_retention_gap != "restore":
                 raise
-            log.warning("%s; onRetentionGap=restore: the micro-batch reads nothing", e)
+            logger.warning("%s; onRetentionGap=restore: the micro-batch reads nothing", e)
             self._gap = e
             return []
         if self.opts.on_retention_gap == "restore" and len(marks) > 1:
@@ -271,7 +271,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if self.opts.on_retention_gap != "restore":
                 raise ResetRequired(f"{what}. {GAP_OPTIONS}") from e
             # The driver sees the deletion once the micro-batch is done (_gap_before).
-            log.warning("%s; onRetentionGap=restore: the stream goes on from the newest "
+            logger.warning("%s; onRetentionGap=restore: the stream goes on from the newest "
                         "complete log", what)
 
 

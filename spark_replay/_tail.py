@@ -54,7 +54,7 @@ from persistlog.reading import (
     segment_name,
 )
 
-log = logging.getLogger("spark_replay")
+logger = logging.getLogger("spark_replay")
 
 # Reads while walking headers: small, since most of a window is payload we skip.
 WALK_CHUNK = 64 * 1024
@@ -462,7 +462,7 @@ class Tail:
             return True
         torn = scanner.state.torn
         if torn is not None:
-            log.warning("dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
+            logger.warning("dropped torn tail of %s log %d: %d bytes at %s:%d (%s)",
                         self.dest.url, cur.log, torn.length, torn.segment, torn.offset, torn.reason)
         return False
 

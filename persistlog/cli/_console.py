@@ -24,7 +24,7 @@ EXIT_DAMAGED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-log = logging.getLogger("persistlog.cli")
+logger = logging.getLogger("persistlog.cli")
 
 
 @contextlib.contextmanager
@@ -92,12 +92,12 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
         return EXIT_INTERRUPTED
     except (OSError, ValueError, ImportError) as e:
         if verbose:
-            log.exception("failed")
+            logger.exception("failed")
         return fail(args, f"{type(e).__name__}: {e}" if isinstance(e, OSError) else str(e), EXIT_USAGE)
     except Exception as e:
         # A storage client's own exception, or a bug: still one line (-v shows where).
         if verbose:
-            log.exception("failed")
+            logger.exception("failed")
         return fail(
             args,
             f"unexpected {type(e).__module__}.{type(e).__name__}: {e} (run with -v for the traceback)",
