@@ -55,7 +55,8 @@ def _lag(url: str, cfg: Config, storage_options: dict[str, Any] | None, sync: bo
         if len(applied) >= n:
             done.set()
 
-    follower = persistlog.follow(url, replay=replay, storage_options=storage_options)
+    # Started before the writer child makes the log: it waits for one.
+    follower = persistlog.follow(url, replay=replay, storage_options=storage_options, wait_for_log=True)
     requests_before = request_counts(follower.dest)
     follower.start()
     try:
