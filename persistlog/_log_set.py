@@ -253,6 +253,12 @@ class LogSet(AbstractContextManager["LogSet"]):
             if found is not None:
                 return found
         if files or dirs:
+            # A set's maker writes its marker before any shard: a shard listed here after a
+            # listing of files without the marker means another process made the set
+            # between the two listings.
+            found = _marker_depth(dest)
+            if found is not None:
+                return found
             raise LogSetError(f"{self.root} is not a log set: {_what_is_there(dest, files, dirs)}")
         if blocked is not None:
             raise LogSetError(f"cannot make a log set at {self.root}: {blocked}")

@@ -391,3 +391,27 @@ def test_a_set_on_s3_refuses_a_log_at_its_root_and_the_second_writer(
     lg.update({"k": "a", "v": 1})
     one.close()
     assert restored(two, "k") == {"a": 1}
+
+
+def test_a_set_made_by_another_process_between_the_two_listings_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two processes make the same set at once: this one lists the root's files before the
+    # other writes the marker, and its directories after the other opened a key in it.
+    # The marker comes before any shard, so the set is there: no "is not a log set".
+    import persistlog._log_set as log_set_module
+
+    root = tmp_path / "set"
+    root.mkdir()  # empty, as the other process found it too
+    real = log_set_module.subdirectories
+    made = []
+
+    def listing_after_the_other_made_the_set(url: Any, storage_options: Any = None) -> list[str]:
+        if not made:
+            made.append(True)  # the other process's own listing is a plain one
+            persistlog.LogSet(root, depth=2).open("k", lambda emit: None).close()
+        return real(url, storage_options)
+
+    monkeypatch.setattr(log_set_module, "subdirectories", listing_after_the_other_made_the_set)
+    logs = persistlog.LogSet(root)
+    assert logs.depth == 2 and list(logs.keys()) == ["k"]
