@@ -247,15 +247,10 @@ class LogSet(AbstractContextManager["LogSet"]):
             blocked = None if exists else dest.why_not_creatable()
         except OSError as e:
             raise DestinationError(f"cannot look at {self.root}: {e}") from e
-        if F.LOG_SET_NAME in files:
-            # Another process made the set between our look for the marker and this one.
-            found = _marker_depth(dest)
-            if found is not None:
-                return found
         if files or dirs:
-            # A set's maker writes its marker before any shard: a shard listed here after a
-            # listing of files without the marker means another process made the set
-            # between the two listings.
+            # Another process may have made the set since our first look for its marker:
+            # the marker is listed, or (a set's maker writes it before any shard) a shard
+            # was listed after a listing of the files that came before the marker.
             found = _marker_depth(dest)
             if found is not None:
                 return found

@@ -285,7 +285,8 @@ def _logs_named(names: Iterable[str]) -> dict[int, list[tuple[int, str]]]:
 def why_no_log(dest: Destination) -> str | None:
     """None when ``dest`` holds a log (a segment or CURRENT), else what it holds instead, in
     a few words for an error message ("the directory does not exist", "it is empty", ...).
-    Reads only: one listing, and an existence check when the listing is empty."""
+    Reads only: one listing, and when it is empty an existence check and a listing of the
+    directories."""
     try:
         names = dest.list()
     except FileNotFoundError:
@@ -296,8 +297,7 @@ def why_no_log(dest: Destination) -> str | None:
         return (f"it is the root of a log set ({F.LOG_SET_NAME}); name one log of it, a key's "
                 "(persistlog.LogSet(root).url(key)), or read the whole set with Spark")
     if names:
-        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-        return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({shown}) and no log segment"
+        return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({_first_few(names)}) and no log segment"
     if not dest.exists():
         return dest.describe_missing()
     try:
@@ -305,10 +305,14 @@ def why_no_log(dest: Destination) -> str | None:
     except (OSError, ValueError):
         dirs = []
     if dirs:
-        shown = ", ".join(f"{d}/" for d in dirs[:3]) + (", ..." if len(dirs) > 3 else "")
-        return (f"it holds {len(dirs)} director{'ies' if len(dirs) != 1 else 'y'} ({shown}) and no log "
-                "segment: a directory above a log (a log set's shard?); name the log's own directory")
+        return (f"it holds {len(dirs)} director{'ies' if len(dirs) != 1 else 'y'} ({_first_few([f'{d}/' for d in dirs])}) "
+                "and no log segment: a directory above a log (a log set's shard?); name the log's own directory")
     return "it is empty"
+
+
+def _first_few(names: list[str]) -> str:
+    """The first three of ``names``, and "..." for the rest, for a message."""
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def no_log(dest: Destination) -> LogNotFoundError:

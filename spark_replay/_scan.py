@@ -249,16 +249,16 @@ class _CountColumn(_Column):
 
 #: 0, 1, 2...: the row numbers a count column adds to its runs, sliced (grown when a
 #: batch is longer), one array per process.
-_ROW_NUMBERS = [pa.array([], pa.int64())]
+_row_numbers_made = pa.array([], pa.int64())
 
 
 def _row_numbers(rows: int) -> pa.Array:
     """0, 1, ..., ``rows - 1``, as a slice of the process's array of row numbers."""
-    numbers = _ROW_NUMBERS[0]
-    if len(numbers) < rows:
-        n = max(rows, 2 * len(numbers), CHUNK_ROWS)
-        numbers = _ROW_NUMBERS[0] = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array("q", range(n)))])
-    return numbers.slice(0, rows)
+    global _row_numbers_made
+    if len(_row_numbers_made) < rows:
+        n = max(rows, 2 * len(_row_numbers_made), CHUNK_ROWS)
+        _row_numbers_made = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(array("q", range(n)))])
+    return _row_numbers_made.slice(0, rows)
 
 
 def _strings(n: int, text: bytes, offsets: bytes, valid: bytes | None = None) -> pa.Array:
