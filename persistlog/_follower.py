@@ -517,7 +517,7 @@ class Follower:
             except CorruptLogError as e:
                 # A listing taken while retention was deleting a log shows it cut short,
                 # and the log after it then "starts at the wrong LSN": the log is going.
-                gone = gone_since(self.dest, p)
+                gone = gone_since(self.dest, p, e.log)
                 if gone is None:
                     raise
                 raise gone from e

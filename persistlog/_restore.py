@@ -332,8 +332,14 @@ def changed_under(dest: Destination, p: ReplayPlan) -> bool:
     return gone_since(dest, p) is not None
 
 
-def gone_since(dest: Destination, p: ReplayPlan) -> SegmentGone | None:
-    """The first segment the plan lists, from its start log on, that is gone now."""
+def gone_since(dest: Destination, p: ReplayPlan, damaged: int | None = None) -> SegmentGone | None:
+    """The first segment the plan lists, from its start log on, that is gone now.
+
+    With ``damaged``, the log a read of the plan found damage in: also the segment after
+    those listed of that log when CURRENT has moved past it since the plan was made.
+    Retention deletes a log's segments last first once CURRENT moved past it, so a listing
+    taken meanwhile shows the log cut short (its end "missing") while every segment it
+    lists is still there."""
     assert p.start is not None
     now = list_logs(dest)
     for seq, segments in sorted(p.logs.items()):
@@ -341,6 +347,10 @@ def gone_since(dest: Destination, p: ReplayPlan) -> SegmentGone | None:
         for number, _name in segments:
             if seq >= p.start and number not in there:
                 return SegmentGone(dest.url, seq, number)
+    if damaged is not None and damaged in p.logs and p.pointer is not None:
+        pointer = read_pointer(dest)
+        if pointer is not None and pointer != p.pointer and pointer > damaged:
+            return SegmentGone(dest.url, damaged, p.logs[damaged][-1][0] + 1)
     return None
 
 

@@ -305,3 +305,39 @@ def test_segment_missing_in_the_middle_of_a_live_log_is_corruption_not_a_reset(c
     assert plan.fired
     assert e.value.log == 5 and e.value.segment == second
     assert resets == [] and f.resets == 0
+
+
+def test_log_cut_short_by_retention_under_way_at_the_listing_is_a_reset_not_corruption(clean_memory_fs: None, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The sync read CURRENT (log 4); before its listing, the writer moved CURRENT to log 5
+    and retention deleted log 4's later segments but not yet its first: the listing shows
+    log 4 ending early, without its seal, and log 5 starting after it. That is retention
+    under way (every segment listed is still there when the scan ends): the follower
+    starts again from log 5, and reports no damage (before: "no snapshot-complete
+    marker", or with the marker in the first segment, "LSNs missing from its end")."""
+    where = make_where("memory", request, tmp_path)
+    w = _five_logs(where)
+    _retention_moves_to(where, 4)
+    fourth = sorted(n for n in where.names() if n.startswith(f"{4:020d}"))
+    assert len(fourth) >= 3
+
+    def retention_under_way() -> None:
+        dest = where.dest()
+        assert move_pointer(dest, 5)
+        for name in reversed(fourth[1:]):  # last segment first, as retention does
+            dest.delete(name)
+
+    plan = FaultPlan().call_before("ls", retention_under_way)
+    state: dict[str, Any] = {}
+    resets: list[int] = []
+
+    def on_reset() -> None:
+        resets.append(1)
+        state.clear()
+
+    f = _follow_through_faults(where, plan, replay=lambda r: apply(state, r), on_reset=on_reset)
+    f.poll()
+    f.poll()
+    assert plan.fired
+    assert f.resets == len(resets) <= 1  # one if it applied some of log 4 first
+    assert state == w.data and f.cursor is not None and f.cursor.log == 5
+    assert f.cursor.next_lsn == w.last_lsn + 1
