@@ -398,10 +398,13 @@ class LeaseConformance:
     def test_expired_lease_is_taken_over(self, make_dest: MakeDest) -> None:
         old, new = make_dest(), make_dest()
         old.ensure()
-        stale = old.lock("old-writer", ttl=0.3)
+        # Long enough that the rival below meets it unexpired on a loaded machine (a PUT to
+        # a local S3 server can take a few tenths of a second then).
+        stale = old.lock("old-writer", ttl=1.0)
+        written = time.time()  # the lease's expiry was set before this, at most 1 s ahead
         with pytest.raises(LockHeld):
             new.lock("new-writer", ttl=30)
-        time.sleep(0.4)
+        time.sleep(max(0.0, written + 1.0 - time.time()) + 0.05)
         fresh = new.lock("new-writer", ttl=30)
         try:
             with pytest.raises(LockHeld) as info:
