@@ -180,8 +180,12 @@ class RecordReader:
                 offset, first = end, after
                 self._cursor = (seq, segment, offset, first)
                 continue
+            try:
+                records = split_records(header, raw, offset, self._loads)[0]
+            except Damage:
+                return None  # the scan reports it, where it is
             self._cursor = (seq, segment, end, after) if lsn == after - 1 else (seq, segment, offset, first)
-            return (split_records(header, raw, offset, self._loads)[0][lsn - first],)
+            return (records[lsn - first],)
 
     def _read(self, name: str, offset: int, length: int) -> bytes:
         try:
@@ -222,7 +226,10 @@ class RecordReader:
                 self._cursor = (
                     (seq, batch.segment, batch.end, after) if lsn == after - 1 else (seq, batch.segment, batch.offset, batch.first_lsn)
                 )
-                return (batch.records(self._loads)[lsn - batch.first_lsn],)
+                try:
+                    return (batch.records(self._loads)[lsn - batch.first_lsn],)
+                except Damage as d:  # checksums held, the records do not decode
+                    raise self._corrupt(d.reason, batch) from None
             self._cursor = cursor
             st = scanner.state
             if not (st.sealed or st.fence is not None):

@@ -1,6 +1,11 @@
-"""Reading segment files byte by byte in tests, through the project's one decoder."""
+"""Reading segment files byte by byte in tests, through the project's one decoder, and
+framing a batch by hand."""
 
 from __future__ import annotations
+
+import struct
+import time
+import zlib
 
 from persistlog import _decoder
 from persistlog import _format as F
@@ -29,3 +34,11 @@ def _intact_batches(data: bytes, pos: int) -> list[tuple[int, int, int]]:
         out.append((pos, h.size, h.kind))
         pos += h.size
     return out
+
+
+def update_batch_by_hand(payload: bytes, count: int, first_lsn: int) -> bytes:
+    """An update batch of an unchained log framed after docs/FORMAT.md by hand: its
+    checksums right, its payload as given (say, bytes that are not CBOR)."""
+    head = struct.pack("<IIIH2sQqI", len(payload), len(payload), count, 0, b"PB", first_lsn,
+                       time.time_ns() // 1000, zlib.crc32(payload))
+    return head + struct.pack("<I", zlib.crc32(head)) + payload

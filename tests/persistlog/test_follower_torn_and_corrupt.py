@@ -5,7 +5,6 @@ undecodable records are corruption."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 import persistlog
 from persistlog._log import parts_of
-from batches import batch_spans
+from batches import batch_spans, update_batch_by_hand
 from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
@@ -153,16 +152,6 @@ def test_truncated_object_is_corruption_not_a_write_in_progress(clean_memory_fs:
 # -- undecodable records ------------------------------------------------------------------
 
 
-def _frame(payload: bytes, count: int, first_lsn: int) -> bytes:
-    """An update batch framed by hand after FORMAT.md (checksums right, payload as given)."""
-    import struct
-    import zlib
-
-    head = struct.pack("<IIIH2sQqI", len(payload), len(payload), count, 0, b"PB", first_lsn,
-                       time.time_ns() // 1000, zlib.crc32(payload))
-    return head + struct.pack("<I", zlib.crc32(head)) + payload
-
-
 def test_undecodable_records_are_corruption_for_followers(tmp_path: Path) -> None:
     """A batch whose checksums hold but whose payload is not CBOR is corruption (a
     CorruptLogError naming where), not a stray decoder exception; skip mode passes it."""
@@ -174,8 +163,8 @@ def test_undecodable_records_are_corruption_for_followers(tmp_path: Path) -> Non
     f.poll()
     at = os.path.getsize(Path(url) / name)
     with open(Path(url) / name, "ab") as fh:
-        fh.write(_frame(b"\xff\xff", 1, w.log.next_lsn))
-        fh.write(_frame(b"\x01", 1, w.log.next_lsn + 1))
+        fh.write(update_batch_by_hand(b"\xff\xff", 1, w.log.next_lsn))
+        fh.write(update_batch_by_hand(b"\x01", 1, w.log.next_lsn + 1))
     with pytest.raises(persistlog.CorruptLogError) as e:
         f.poll()
     assert e.value.segment == name and e.value.offset == at

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from destinations import open_destination
+from batches import update_batch_by_hand
 from log_files import flip_bit, segment_files
 
 import persistlog
+from persistlog._log import parts_of
 from persistlog._record_reader import RecordNotWritten, RecordReader
 
 
@@ -147,3 +149,24 @@ def test_a_size_given_for_the_record_sizes_the_read_and_never_changes_what_is_re
         assert reader.record(lsn, size)["i"] == at[lsn]
     assert dest.lists == 0
     lg.close()
+
+
+@pytest.mark.parametrize("cursor", ["reading on", "located"])
+def test_records_that_do_not_decode_are_corruption_where_they_are(tmp_path: Path, cursor: str) -> None:
+    # Checksums that hold over a payload that is not CBOR: damage, named where it is, not
+    # a decoder's exception -- read on from the cursor or found by a scan.
+    lg, at = written_log(tmp_path, 3, hash_chain=False)
+    lsn = lg.next_lsn
+    segment = segment_files(tmp_path / "log")[-1]
+    offset = Path(segment).stat().st_size
+    with open(segment, "ab") as fh:
+        fh.write(update_batch_by_hand(b"\xff\xff", 1, lsn))
+    reader = RecordReader(open_destination(str(tmp_path / "log")), persistlog.Codec().loads)
+    if cursor == "reading on":
+        assert reader.record(max(at)) == at[max(at)]
+    with pytest.raises(persistlog.CorruptLogError) as e:
+        reader.record(lsn)
+    assert e.value.segment == Path(segment).name and e.value.offset == offset
+    parts_of(lg).writer.fail(RuntimeError("the test wrote into the live segment"))  # no seal over it
+    with pytest.raises(persistlog.LogFailedError):
+        lg.close()
