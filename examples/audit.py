@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
     key = args.key
     if key is None:
-        key = df.filter(sf.col("kind") == "update").groupBy("key").count().orderBy(sf.desc("count")).first()["key"]
+        busiest = df.filter(sf.col("kind") == "update").groupBy("key").count().orderBy(sf.desc("count")).first()
+        if busiest is None:
+            print(f"no update at {url}: no key to trace")
+            return 1
+        key = busiest["key"]
     print(f"2. history of key {key}")
     (
         df.filter(sf.col("key") == key)
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
 
     print("3. live resources, then and now")
     replayable = df.filter(sf.col("base_log").isNotNull()).agg(sf.min("lsn"), sf.max("lsn")).first()
+    assert replayable is not None  # an aggregate without grouping has one row
     middle = (replayable[0] + replayable[1]) // 2
     then = spark_replay.state(df, as_of_lsn=middle).select("key", "key_json", "value")
     now = spark_replay.state(df).select("key", "key_json", "value")

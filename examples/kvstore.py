@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
-    host, port = server.server_address[:2]
-    print(f"listening on http://{host}:{port}", flush=True)
+    port = server.server_address[1]  # the one the OS picked, given --port 0
+    print(f"listening on http://{args.host}:{port}", flush=True)
     try:
         server.serve_forever()
     finally:

@@ -28,7 +28,9 @@ from pyspark.sql.streaming.datasource import (
 from destinations import Destination, open_destination
 
 from persistlog import Cursor, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
-from persistlog.reading import RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap, segment_name
+from persistlog.reading import (
+    RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap, segment_name, why_no_log,
+)
 from ._options import StreamOptions, starting_position
 from ._plan import LogPartition, split_bytes
 from ._tail import GAP_OPTIONS, Mark, Position, Tail, earliest_position, end_cursor, restore_position
@@ -87,7 +89,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if not self.tail.dest.exists():
             # A mistyped path must not wait forever for a log that will never come.
             raise LogNotFoundError(
-                f"no persistlog log at {self.opts.read.url} (the location does not exist); "
+                f"no persistlog log at {self.opts.read.url}: {why_no_log(self.tail.dest) or 'it holds no log segment'}; "
                 "check the path given to load()"
             )
         return {STARTING: where}
@@ -129,8 +131,9 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             first = self._start(str(start[STARTING]))
             if first is None:
                 if not self.opts.wait_for_log:
+                    why = why_no_log(self.tail.dest) or "it holds no log segment"
                     raise LogNotFoundError(
-                        f"no persistlog log at {self.opts.read.url}: check the path given to load(), "
+                        f"no persistlog log at {self.opts.read.url}: {why}; check the path given to load(), "
                         'or set .option("waitForLog", "true") to wait for a writer to make one'
                     )
                 logger.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)

@@ -72,7 +72,10 @@ def test_loading_a_missing_path_fails_clearly(spark: Any, tmp_path: pathlib.Path
         spark.read.format("persistlog").load(missing).count()
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(Exception, match="no persistlog log at .*empty.*holds no log"):
+    with pytest.raises(Exception, match="no persistlog log at .*empty.*is empty"):
+        spark.read.format("persistlog").load(str(empty)).collect()
+    (empty / "notes.txt").write_text("not a log")
+    with pytest.raises(Exception, match=r"no persistlog log at .*empty.*holds 1 other file \(notes.txt\)"):
         spark.read.format("persistlog").load(str(empty)).collect()
 
 

@@ -268,7 +268,7 @@ def test_a_stream_waits_for_the_first_log_only_when_told_to(tmp_path: Any) -> No
     url = str(tmp_path / "log")
     os.mkdir(url)  # a service about to write its first log
     plain = stream_reader(url)
-    with pytest.raises(LogNotFoundError, match="waitForLog"):
+    with pytest.raises(LogNotFoundError, match="it is empty; .*waitForLog"):
         micro_batch(plain, plain.initialOffset())
     with pytest.raises(ValueError, match="waitforlog"):
         stream_reader(url, waitForLog="sometimes")
