@@ -195,7 +195,7 @@ def test_a_destination_without_logs_is_an_error(tmp_path: Any) -> None:
     with pytest.raises(persistlog.LogNotFoundError, match="does not exist"):
         read_all(str(tmp_path / "nothing"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(persistlog.LogNotFoundError, match="holds no log"):
+    with pytest.raises(persistlog.LogNotFoundError, match="it is empty"):
         read_all(str(tmp_path / "empty"))
 
 
