@@ -14,8 +14,8 @@ See README.md for the guarantees of each durability mode and docs/FORMAT.md for 
 from ._api import OpenOptions, StoreOptions, restore
 from ._api import open_log as open
 from ._async_log import AsyncLog, open_async, restore_async
-from ._codec import Codec
 from ._consumers import Consumer, ConsumerGroup, consumers
+from ._cursor import Cursor
 from ._errors import (
     CodecError,
     CorruptLogError,
@@ -36,18 +36,18 @@ from ._errors import (
     ResetRequired,
     WriterConflict,
 )
-from ._cursor import Cursor
 from ._follower import FollowedBatch, Follower, Lag, follow
-from ._format import SEGMENT_VERSIONS
-from ._format import WRITTEN_VERSION as FORMAT_VERSION
+from ._format.codec import Codec
+from ._format.constants import SEGMENT_VERSIONS
+from ._format.constants import WRITTEN_VERSION as FORMAT_VERSION
 from ._log import Log
 from ._log_set import LogSet, LogSetOptions
+from ._queue import Message, Queue
 from ._range import LoggedRecord, read
 from ._reader import TornTail
 from ._restore import RestoreResult
 from ._rotation import Emit
 from ._secondaries import SecondaryLag
-from ._queue import Message, Queue
 from ._store import ResourceStore
 from ._version import package_version
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ._destination_report import CORRUPT, DestinationReport, Problem, SignedHead
-from ._signing import Verifier
+from ._format.signing import Verifier
 
 
 @dataclass

@@ -33,8 +33,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import _format as F
-from ._codec import Codec, check_depth, encode_error, records_list
+from ._format import constants as F
+from ._format.codec import Codec, check_depth, encode_error, records_list
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
 _MAX_DEPTH = F.MAX_RECORD_DEPTH

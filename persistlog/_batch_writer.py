@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 from destinations import Destination
 
-from . import _encoder
-from . import _format as F
 from ._batch_buffer import BatchBuffer, Taking, snapshot_count, snapshot_offsets
-from ._crypt import Keyring
 from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
+from ._format import encoder
+from ._format import constants as F
+from ._format.crypt import Keyring
+from ._format.shared_values import SharedValues
+from ._format.signing import Checkpoints
 from ._group_commit import GroupCommit
-from ._shared_values import SharedValues
 from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
-from ._signing import Checkpoints
 
 if TYPE_CHECKING:
     from ._runtime import Job
@@ -407,7 +407,7 @@ class BatchWriter:
         payload, snaps, first, end = taking
         shared = self._shared
         share = None if shared is None or not snaps else (lambda raw: shared.share(raw, first, end))
-        return _encoder.record_batch(payload, end - first, snapshot_offsets(snaps), first, now_us(), self._compression,
+        return encoder.record_batch(payload, end - first, snapshot_offsets(snaps), first, now_us(), self._compression,
                                      self._head, self._keys, share)
 
     def _hand_over(self, flush: bool) -> None:
@@ -482,7 +482,7 @@ class BatchWriter:
         """Write a control batch at the current position. Holds ``io_lock``."""
         self.write_pending(flush=False)
         pos = self._written_lsn
-        self._hand_over_control(_encoder.control_batch([record], pos, now_us(), self._head), pos)
+        self._hand_over_control(encoder.control_batch([record], pos, now_us(), self._head), pos)
         self._checkpoint(pos, True)
         if self._on_batch is not None:
             self._on_batch()
@@ -557,7 +557,7 @@ class BatchWriter:
             }
             sw = segment_writer(self._dest, seq, self._segment_bytes)
             old_head = self._head
-            batch = _encoder.control_batch([header], first, now_us(), old_head)
+            batch = encoder.control_batch([header], first, now_us(), old_head)
             try:
                 sw.start(first, batch)
             except FileExistsError as e:

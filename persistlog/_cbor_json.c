@@ -5,7 +5,7 @@
  *
  * It handles the common subset of CBOR -- integers of up to 64 bits, floats, text and
  * byte strings, definite-length arrays and maps keyed by distinct text strings, false,
- * true, null and undefined -- and writes exactly what persistlog._jsonify.to_json writes
+ * true, null and undefined -- and writes exactly what persistlog._format.jsonify.to_json writes
  * for the value cbor2 decodes. Anything else (a tag, a map with another kind of key or a
  * repeated key, an indefinite length, a simple value, invalid UTF-8, deep nesting,
  * damaged or trailing bytes) makes the whole call return None, and the caller takes the

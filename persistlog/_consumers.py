@@ -45,12 +45,12 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from . import _format as F
-from ._codec import Codec
-from ._decoder import Damage, parse_segment_header
-from ._errors import DestinationError, PersistLogError, ResetRequired
 from ._cursor import Cursor
+from ._errors import DestinationError, PersistLogError, ResetRequired
 from ._follower import FollowedBatch, Follower, follow
+from ._format import constants as F
+from ._format.codec import Codec
+from ._format.decoder import Damage, parse_segment_header
 from ._positions import PositionStore, check_consumer_name
 from ._reader import list_logs
 from ._restore import plan

@@ -14,10 +14,10 @@ from collections.abc import Callable
 
 from destinations import Destination
 
-from . import _format as F
 from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
+from ._format import constants as F
+from ._format.crypt import Keyring
 from ._lock_holder import read_holder
-from ._crypt import Keyring
 from ._log_check import LogCheck
 from ._reader import declares_gap, list_logs, read_pointer
 from ._restore import end_missing
@@ -37,7 +37,7 @@ def inspect_destination(
     headers and seals are checked per log (:class:`LogCheck`); the seq chain, the LSN chain
     across logs and CURRENT here. ``progress`` is called after every batch. Raises
     :class:`DestinationError` when the storage cannot be read; damage never raises, it is
-    reported. ``keys`` opens encrypted batches (``_crypt.OPAQUE``: their payloads stay
+    reported. ``keys`` opens encrypted batches (``crypt.OPAQUE``: their payloads stay
     shut); an encrypted batch without a key raises :class:`KeyUnavailableError`.
     """
     report = DestinationReport(url=dest.url, exists=dest.exists(), appendable=dest.appendable)

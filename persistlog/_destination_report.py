@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _format as F
+from ._format import constants as F
 from ._lock_holder import Holder
 
 TORN = "torn"

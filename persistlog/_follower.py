@@ -29,12 +29,13 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from . import _format as F
-from ._codec import Codec
-from ._crypt import Keyring, keyring
 from ._cursor import Cursor
 from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
-from ._decoder import Damage, parse_segment_header
+from ._format import constants as F
+from ._format.codec import Codec
+from ._format.crypt import Keyring, keyring
+from ._format.decoder import Damage, parse_segment_header
+from ._format.shared_values import ValueTable
 from ._probe import SegmentProbe
 from ._reader import (
     RESYNC_ATTEMPTS,
@@ -49,7 +50,6 @@ from ._reader import (
 )
 from ._restore import gc_pause, gone_since, plan, scan_from
 from ._resume import records_to_skip
-from ._shared_values import ValueTable
 
 logger = logging.getLogger("persistlog")
 

@@ -29,10 +29,10 @@ from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from . import _format as F
-from ._decoder import parse_handover_request
-from ._encoder import handover_request
 from ._errors import WriterConflict
+from ._format import constants as F
+from ._format.decoder import parse_handover_request
+from ._format.encoder import handover_request
 from ._lock_holder import read_holder
 
 logger = logging.getLogger("persistlog")

@@ -37,19 +37,19 @@ from typing import Any, NamedTuple, Union
 from destinations import Destination, WriterLock, destination_url, open_destination
 
 from . import _exit
-from . import _format as F
 from ._batch_buffer import BatchBuffer
 from ._batch_writer import BatchWriter
-from ._codec import Codec
-from ._crypt import Keyring
 from ._errors import DestinationError, HandedOver, PersistLogError, WriterConflict
+from ._format import constants as F
+from ._format.codec import Codec
+from ._format.crypt import Keyring
+from ._format.signing import Checkpoints
 from ._handover import HandoverRequest, HandoverWatch
 from ._restore import RestoreResult
 from ._retention import Retention
 from ._rotation import EnumerateAll, Hold, Rotator
 from ._runtime import runtime, weak_method
 from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
-from ._signing import Checkpoints
 from ._writer_lease import WriterLease
 from ._writer_lease import release_writer_lock as release_writer_lock
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from destinations import Destination
 
-from . import _format as F
-from ._codec import Codec
-from ._decoder import Damage, parse_batch_header
 from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
-from ._crypt import OPAQUE, Keyring
+from ._format import constants as F
+from ._format.codec import Codec
+from ._format.crypt import OPAQUE, Keyring
+from ._format.decoder import Damage, parse_batch_header
 from ._reader import LogScanner
 
 

@@ -34,15 +34,15 @@ from typing import Any, Unpack
 
 from destinations import Destination, destination_url, open_destination, subdirectories
 
-from . import _encoder
-from . import _format as F
 from ._api import StoreOptions
 from ._api import open_log
 from ._api import restore as restore_log
-from ._codec import Codec
-from ._crypt import Keyring
-from ._decoder import Damage, parse_log_set_marker
 from ._errors import DestinationError, LogClosedError, LogNotFoundError, LogSetError, WriterConflict
+from ._format import encoder
+from ._format import constants as F
+from ._format.codec import Codec
+from ._format.crypt import Keyring
+from ._format.decoder import Damage, parse_log_set_marker
 from ._log import Log
 from ._restore import RestoreResult
 from ._rotation import EnumerateAll
@@ -263,7 +263,7 @@ class LogSet(AbstractContextManager["LogSet"]):
         depth = DEFAULT_DEPTH if depth is None else depth
         try:
             dest.ensure()
-            dest.create(F.LOG_SET_NAME, _encoder.log_set_marker(depth))
+            dest.create(F.LOG_SET_NAME, encoder.log_set_marker(depth))
         except FileExistsError:
             # Another process made the set at the same moment: its marker rules.
             found = _marker_depth(dest)

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from destinations import Destination, open_destination
 
-from . import _encoder
-from . import _format as F
-from ._decoder import parse_consumer_position
-from ._errors import CorruptLogError, DestinationError
 from ._cursor import Cursor
+from ._errors import CorruptLogError, DestinationError
+from ._format import encoder
+from ._format import constants as F
+from ._format.decoder import parse_consumer_position
 
 logger = logging.getLogger("persistlog")
 
@@ -57,7 +57,7 @@ class PositionStore:
     def write(self, name: str, cursor: Cursor) -> None:
         """Commit ``cursor`` as consumer ``name``'s position: durable when this returns
         (temp file + fsync + rename + directory fsync locally, one PUT remotely)."""
-        data = _encoder.consumer_position(
+        data = encoder.consumer_position(
             cursor.log, cursor.segment, cursor.offset, cursor.next_lsn, int(time.time() * 1e6)
         )
         try:

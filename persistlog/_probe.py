@@ -20,8 +20,8 @@ import time
 
 from destinations import Destination
 
-from . import _format as F
 from ._cursor import Cursor
+from ._format import constants as F
 from ._reader import SegmentGone, list_logs, read_pointer
 
 #: How often an idle reader reads CURRENT, looking for a later log that skipped the next

@@ -43,9 +43,9 @@ from destinations import Destination
 from ._api import StoreOptions
 from ._api import open_log
 from ._api import restore as restore_log
-from ._codec import Codec
-from ._crypt import Keyring, keyring
 from ._errors import CorruptLogError, QuotaExceeded
+from ._format.codec import Codec
+from ._format.crypt import Keyring, keyring
 from ._log import Log, destination_at
 from ._record_reader import RecordNotWritten, RecordReader
 from ._restore import RestoreResult

@@ -17,12 +17,12 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ._codec import Codec
-from ._crypt import Keyring, keyring
 from ._cursor import Cursor
-from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError
-from ._format import segment_name
+from ._format.codec import Codec
+from ._format.constants import segment_name
+from ._format.crypt import Keyring, keyring
+from ._format.decoder import Damage
 from ._reader import LogScanner, declares_gap
 from ._resume import records_to_skip
 from ._seek import LogView, Place, seek, utc_micros

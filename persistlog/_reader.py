@@ -17,9 +17,11 @@ from typing import Any
 
 from destinations import Destination, subdirectories
 
-from . import _format as F
-from ._chain import hash_soon
-from ._decoder import (
+from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
+from ._format import constants as F
+from ._format.chain import hash_soon
+from ._format.crypt import OPAQUE, Keyring
+from ._format.decoder import (
     BatchHeader,
     Damage,
     RecordKinds,
@@ -35,10 +37,8 @@ from ._decoder import (
     record_slices,
     split_records,
 )
-from ._encoder import seal_trailer
-from ._crypt import OPAQUE, Keyring
-from ._shared_values import ValueTable
-from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
+from ._format.encoder import seal_trailer
+from ._format.shared_values import ValueTable
 
 logger = logging.getLogger("persistlog")
 
@@ -188,7 +188,7 @@ class LogState:
         return head
 
     def move_head(self, head: bytes | Future[bytes] | None) -> None:
-        """Move the chain head (a hash, or one being computed: :func:`_chain.hash_soon`)."""
+        """Move the chain head (a hash, or one being computed: :func:`chain.hash_soon`)."""
         self._head = head
 
 
@@ -591,7 +591,7 @@ class LogScanner:
         self.more_segments = more_segments
         self.read_chunk = read_chunk
         # The keys of an encrypted log (None: a batch that is encrypted raises
-        # KeyUnavailableError; ``_crypt.OPAQUE``: structure only, payloads stay shut).
+        # KeyUnavailableError; ``crypt.OPAQUE``: structure only, payloads stay shut).
         self.keys = keys
         # The values the log shares (format version 3), defined before where the scan is:
         # a scan that starts inside the log takes ``values`` if they reach its start, and
@@ -837,7 +837,7 @@ class LogScanner:
     ) -> None:
         """Check ``link``, the hash link of the batch at ``pos`` (None: it carries none),
         and move the chain head past it to ``digest``, the batch's hash (being computed,
-        :func:`_chain.hash_soon`)."""
+        :func:`chain.hash_soon`)."""
         st = self.state
         if self._version is None:  # a scan resumed inside a segment: its batches say
             self._version = F.CHAINED_VERSION if header.linked else F.FORMAT_VERSION
@@ -1060,7 +1060,7 @@ def chain_end(
     scan of its last segments (``last``: what :func:`last_segment_state` found in the
     last one, if the caller scanned it); the genesis link when there is no log or it is
     not chained."""
-    from ._chain import GENESIS
+    from ._format.chain import GENESIS
 
     if not logs:
         return GENESIS

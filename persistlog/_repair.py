@@ -38,12 +38,12 @@ from typing import Any
 from destinations import Destination, LockHeld
 from destinations.local import LocalDestination, fsync_dir
 
-from . import _encoder
-from . import _format as F
-from ._errors import DestinationError, WriterConflict
-from ._crypt import Keyring
 from ._destination_check import inspect_destination
 from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
+from ._errors import DestinationError, WriterConflict
+from ._format import encoder
+from ._format import constants as F
+from ._format.crypt import Keyring
 from ._reader import closed_end
 
 logger = logging.getLogger("persistlog")
@@ -413,7 +413,7 @@ def _execute(dest: LocalDestination, plan: RepairPlan, result: RepairResult) -> 
     # so readers never follow it into a log that is being cut.
     for a in plan.actions:
         if a.kind == WRITE_CURRENT and a.target is not None:
-            dest.replace(F.CURRENT_NAME, _encoder.pointer(a.target))
+            dest.replace(F.CURRENT_NAME, encoder.pointer(a.target))
         elif a.kind == REMOVE_CURRENT:
             dest.delete(F.CURRENT_NAME)
     # CLOSED says where a clean close ended the newest log; a repair that cuts logs makes

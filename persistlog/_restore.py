@@ -18,11 +18,11 @@ from typing import Any
 
 from destinations import Destination
 
-from ._codec import Codec
-from ._crypt import OPAQUE, Keyring
-from ._decoder import Damage
 from ._errors import CodecError, CorruptLogError, DestinationError, PersistLogError
-from ._format import FIRST_LSN, HEADER_AFTER_GAP, segment_name
+from ._format.codec import Codec
+from ._format.constants import FIRST_LSN, HEADER_AFTER_GAP, segment_name
+from ._format.crypt import OPAQUE, Keyring
+from ._format.decoder import Damage
 from ._reader import (
     Batch,
     LogScanner,

@@ -15,9 +15,9 @@ import bisect
 
 from destinations import Destination
 
-from . import _format as F
-from ._decoder import Damage, parse_batch_header
-from ._crypt import OPAQUE
+from ._format import constants as F
+from ._format.crypt import OPAQUE
+from ._format.decoder import Damage, parse_batch_header
 from ._reader import LogScanner
 
 

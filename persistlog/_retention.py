@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from destinations import Destination
 
-from . import _format as F
-from ._crypt import OPAQUE
-from ._decoder import Damage, parse_batch_header
 from ._errors import PersistLogError
+from ._format import constants as F
+from ._format.crypt import OPAQUE
+from ._format.decoder import Damage, parse_batch_header
 from ._positions import PositionStore
 from ._reader import LogScanner, list_logs
 

@@ -31,8 +31,8 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from ._batch_buffer import NEVER
-from ._codec import records_list
 from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
+from ._format.codec import records_list
 from ._retention import Retention, apply_retention
 from ._runtime import Job, Runtime, weak_method
 from ._segment_writer import move_pointer

@@ -38,10 +38,10 @@ from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from . import _encoder
-from . import _format as F
-from ._chain import link_of
 from ._errors import WriterConflict
+from ._format import encoder
+from ._format import constants as F
+from ._format.chain import link_of
 from ._reader import end_and_chain, header_record, list_logs, newest_seal
 from ._restore import reach
 from ._retention import Retention, apply_retention
@@ -536,7 +536,7 @@ class Secondary:
         assert header is not None, "the writer's first batch is its log header"
         logger.info("secondary %s: log %d follows a gap (the logs here end at %s)", self.dest.url,
                  header["seq"], self._end)
-        return _encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us(), link_of(header_batch))
+        return encoder.control_batch([{**header, F.HEADER_AFTER_GAP: True}], first, now_us(), link_of(header_batch))
 
     def _seal(self) -> None:
         sw = self._sw

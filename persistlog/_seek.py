@@ -20,9 +20,9 @@ from datetime import datetime, timedelta, timezone
 
 from destinations import Destination
 
-from . import _format as F
-from ._decoder import BatchHeader, Damage, parse_batch_header, parse_segment_header
 from ._errors import CorruptLogError, LogNotFoundError, PositionError
+from ._format import constants as F
+from ._format.decoder import BatchHeader, Damage, parse_batch_header, parse_segment_header
 from ._reader import RESYNC_ATTEMPTS, SegmentBytes, declares_gap, list_logs, no_log, outrun
 
 # Reads while walking batch headers of a local segment: most of a window is payload the

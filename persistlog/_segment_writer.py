@@ -32,10 +32,10 @@ from typing import Any
 
 from destinations import AppendFile, Destination
 
-from . import _encoder
-from . import _format as F
-from ._chain import head_after, segment_version
 from ._errors import WriterConflict
+from ._format import encoder
+from ._format import constants as F
+from ._format.chain import head_after, segment_version
 from ._reader import last_segment_state, list_logs, newer_log
 
 logger = logging.getLogger("persistlog")
@@ -62,7 +62,7 @@ def seal_batch(next_lsn: int, complete_lsn: int | None = None, chain: bytes | No
         seal[F.SEAL_CHAIN] = chain
     if signed:
         seal.update(signed)
-    return _encoder.control_batch([seal], next_lsn, now_us(), chain)
+    return encoder.control_batch([seal], next_lsn, now_us(), chain)
 
 
 def move_pointer(dest: Destination, seq: int) -> bool:
@@ -77,9 +77,9 @@ def move_pointer(dest: Destination, seq: int) -> bool:
     """
     try:
         if seq == 1:
-            dest.replace_hint(F.CURRENT_NAME, _encoder.pointer(seq))
+            dest.replace_hint(F.CURRENT_NAME, encoder.pointer(seq))
         else:
-            dest.replace(F.CURRENT_NAME, _encoder.pointer(seq))
+            dest.replace(F.CURRENT_NAME, encoder.pointer(seq))
     except OSError as e:
         logger.warning("could not move %s/CURRENT to log %d: %s", dest.url, seq, e)
         return False
@@ -98,7 +98,7 @@ def note_closed(dest: Destination, seq: int, next_lsn: int) -> None:
     because the seal it describes was synced before it was written.
     """
     try:
-        dest.replace_hint(F.CLOSED_NAME, _encoder.closed_note(seq, next_lsn))
+        dest.replace_hint(F.CLOSED_NAME, encoder.closed_note(seq, next_lsn))
     except OSError as e:
         logger.warning("could not write %s/%s after sealing log %d: %s", dest.url, F.CLOSED_NAME, seq, e)
 
@@ -133,7 +133,7 @@ def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
         number = segments[-1][0] + 1
         name = F.segment_name(seq, number)
         try:
-            dest.create(name, _encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us(), st.chain_head,
+            dest.create(name, encoder.fence_segment(seq, number, st.next_lsn, writer_id, now_us(), st.chain_head,
                                                      st.version))
         except FileExistsError:
             continue  # the other writer's segment landed first: fence after it
@@ -216,7 +216,7 @@ class AppendSegments(SegmentWriter):
 
     def _open_segment(self, number: int, first_lsn: int, first_batch: bytes = b"") -> None:
         name = F.segment_name(self.seq, number)
-        head = _encoder.segment_header(self.seq, number, first_lsn, self.version)
+        head = encoder.segment_header(self.seq, number, first_lsn, self.version)
         self.dest.create(name, head + first_batch)
         self._file = self.dest.open_append(name)
         self._size = len(head) + len(first_batch)
@@ -281,7 +281,7 @@ class AppendSegments(SegmentWriter):
         old.sync()
         number = self.segment + 1
         name = F.segment_name(self.seq, number)
-        head = _encoder.segment_header(self.seq, number, first_lsn, self.version)
+        head = encoder.segment_header(self.seq, number, first_lsn, self.version)
         try:
             self.dest.create(name, head)
         except FileExistsError:
@@ -314,7 +314,7 @@ class AppendSegments(SegmentWriter):
         self._settle()
         if not self._seal_written:
             # The seal links to the head and leaves it where it is.
-            self._write(seal_batch + _encoder.seal_trailer(self._size), self.next_lsn, self.head, None, seal=True)
+            self._write(seal_batch + encoder.seal_trailer(self._size), self.next_lsn, self.head, None, seal=True)
         self._file.sync()
         self.sealed = True
         self.close()
@@ -359,12 +359,12 @@ class ObjectSegments(SegmentWriter):
 
     def _put(self, extra: bytes = b"", trailer: bool = False) -> None:
         number = self.segment + 1
-        head = _encoder.segment_header(self.seq, number, self._pending_first_lsn, self.version)
+        head = encoder.segment_header(self.seq, number, self._pending_first_lsn, self.version)
         count = len(self._pending)
         body = b"".join(self._pending)
         tail = b""
         if trailer:
-            tail = extra + _encoder.seal_trailer(len(head) + len(body))
+            tail = extra + encoder.seal_trailer(len(head) + len(body))
         elif extra:
             body += extra
         data = head + body + tail

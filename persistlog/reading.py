@@ -76,21 +76,11 @@ Command lines
 from __future__ import annotations
 
 from ._audit import Audit, audit
-from ._codec import plain_loads
-from ._crypt import OPAQUE, Keyring, provider_named
-from ._decoder import (
-    BatchHeader,
-    Damage,
-    SegmentHeader,
-    check_payload,
-    control_records,
-    parse_batch_header,
-    parse_segment_header,
-)
 from ._destination_check import inspect_destination
 from ._destination_report import DestinationReport, Problem, Progress, SignedHead
 from ._follower import first_lsn, gap_closed
-from ._format import (
+from ._format.codec import plain_loads
+from ._format.constants import (
     BATCH_HEADER_SIZE,
     CONTROL_CHECKPOINT,
     CONTROL_COMPLETE,
@@ -107,7 +97,17 @@ from ._format import (
     parse_segment_name,
     segment_name,
 )
-from ._jsonify import (
+from ._format.crypt import OPAQUE, Keyring, provider_named
+from ._format.decoder import (
+    BatchHeader,
+    Damage,
+    SegmentHeader,
+    check_payload,
+    control_records,
+    parse_batch_header,
+    parse_segment_header,
+)
+from ._format.jsonify import (
     JsonRecords,
     PlainRecords,
     from_json,
@@ -116,6 +116,7 @@ from ._jsonify import (
     texts_from_cbor,
     to_json,
 )
+from ._format.signing import Verifier, load_public_key
 from ._lock_holder import Holder
 from ._log_set import read_marker as read_log_set_marker
 from ._probe import SegmentProbe, next_segments
@@ -145,7 +146,6 @@ from ._repair import RepairPlan, RepairResult, repair
 from ._restore import ReplayPlan, gc_pause
 from ._restore import plan as replay_plan
 from ._seek import LogView, Place, seek, utc_micros
-from ._signing import Verifier, load_public_key
 from ._usage import UsageError, parse_storage_options
 
 __all__ = [

@@ -14,9 +14,9 @@ from typing import Any
 
 import persistlog
 from batches import batch_offsets
-from persistlog import _decoder
 from persistlog import _exit as persistlog_exit
-from persistlog import _format as F
+from persistlog._format import decoder
+from persistlog._format import constants as F
 from persistlog._log import parts_of
 
 # -- crashes ------------------------------------------------------------------------------
@@ -72,10 +72,10 @@ def creation_size(segment_path: str) -> int:
     batch for segment 0."""
     with open(segment_path, "rb") as f:
         data = f.read(F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE)
-    sh = _decoder.parse_segment_header(data)
+    sh = decoder.parse_segment_header(data)
     if sh.segment != 0:
         return F.SEGMENT_HEADER_SIZE
-    head = _decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE:], F.SEGMENT_HEADER_SIZE)
+    head = decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE:], F.SEGMENT_HEADER_SIZE)
     return F.SEGMENT_HEADER_SIZE + head.size
 
 

@@ -24,9 +24,9 @@ from destinations import open_destination
 from faults import FaultPlan
 from follower_harness import Where, drain, make_where
 from hypothesis_profiles import active_profile
-from persistlog import _decoder, _encoder
-from persistlog import _format as F
 from persistlog._async_consumers import LoopClosed
+from persistlog._format import decoder, encoder
+from persistlog._format import constants as F
 from threads import wait_until
 
 STREAM = {"rotate_bytes": None}
@@ -276,14 +276,14 @@ def test_a_damaged_position_is_loud_and_a_bad_name_is_refused(tmp_path: Path) ->
 def test_a_position_reads_back_and_any_flipped_bit_is_caught(
     seq: int, segment: int, offset: int, next_lsn: int, us: int, data: st.DataObject
 ) -> None:
-    buf = _encoder.consumer_position(seq, segment, offset, next_lsn, us)
+    buf = encoder.consumer_position(seq, segment, offset, next_lsn, us)
     assert len(buf) == F.CONSUMER_SIZE
-    assert _decoder.parse_consumer_position(buf) == (seq, segment, offset, next_lsn, us)
+    assert decoder.parse_consumer_position(buf) == (seq, segment, offset, next_lsn, us)
     bit = data.draw(st.integers(0, len(buf) * 8 - 1))
     flipped = bytearray(buf)
     flipped[bit // 8] ^= 1 << (bit % 8)
-    assert _decoder.parse_consumer_position(bytes(flipped)) is None
-    assert _decoder.parse_consumer_position(buf[:-1]) is None
+    assert decoder.parse_consumer_position(bytes(flipped)) is None
+    assert decoder.parse_consumer_position(buf[:-1]) is None
 
 
 def deliveries(path: Path) -> dict[str, list[tuple[str, int, int]]]:

@@ -26,9 +26,9 @@ from kv_app import App, restore_state
 from log_files import crash, truncate
 
 import persistlog
-from persistlog import _decoder, _encoder
-from persistlog import _format as F
-from persistlog._crypt import Keyring
+from persistlog._format import decoder, encoder
+from persistlog._format import constants as F
+from persistlog._format.crypt import Keyring
 from persistlog.cli import main
 
 PROVIDER = "crypt_keys:provider"
@@ -285,20 +285,20 @@ def test_no_changed_byte_of_a_sealed_batch_is_accepted(
     fixed, it is damage or a key that does not fit, never other records."""
     keys = Keyring(provider, key_id)
     link = bytes(range(32)) if linked else None
-    batch = _encoder.frame(payload, 1, F.KIND_UPDATE, 7, 1234, compression, link, keys)
-    header = _decoder.parse_batch_header(batch[:F.BATCH_HEADER_SIZE], 40)
+    batch = encoder.frame(payload, 1, F.KIND_UPDATE, 7, 1234, compression, link, keys)
+    header = decoder.parse_batch_header(batch[:F.BATCH_HEADER_SIZE], 40)
     assert header.flags & F.FLAG_ENCRYPTED
-    assert _decoder.check_payload(header, batch[F.BATCH_HEADER_SIZE:], 40, keys) == payload
+    assert decoder.check_payload(header, batch[F.BATCH_HEADER_SIZE:], 40, keys) == payload
     stored = bytearray(batch[F.BATCH_HEADER_SIZE:])
     at = (F.LINK_SIZE if linked else 0) + flip % (len(stored) - (F.LINK_SIZE if linked else 0))
     stored[at] ^= 0x01
     changed = dataclasses.replace(header, payload_crc=zlib.crc32(stored))
-    with pytest.raises((_decoder.Damage, persistlog.KeyUnavailableError)):
-        _decoder.check_payload(changed, bytes(stored), 40, keys)
+    with pytest.raises((decoder.Damage, persistlog.KeyUnavailableError)):
+        decoder.check_payload(changed, bytes(stored), 40, keys)
     # The clear header fields are bound too: another LSN or commit time fails the tag.
     for moved in (dataclasses.replace(header, first_lsn=8), dataclasses.replace(header, commit_us=1235)):
-        with pytest.raises(_decoder.Damage, match="fails authentication"):
-            _decoder.check_payload(moved, batch[F.BATCH_HEADER_SIZE:], 40, keys)
+        with pytest.raises(decoder.Damage, match="fails authentication"):
+            decoder.check_payload(moved, batch[F.BATCH_HEADER_SIZE:], 40, keys)
 
 
 def test_a_crash_with_a_torn_sealed_batch_and_a_reopen(log_dir: str) -> None:
@@ -334,7 +334,7 @@ def test_an_auditor_proves_an_encrypted_log_with_the_public_key_alone(log_dir: s
     write(log_dir, rotations=0, updates=8, signing_key=signing)
     status, out, _ = cli("verify", log_dir, "--public-key", str(public))
     assert status == 0 and "\nPROVEN:" in "\n" + out and "not opened" in out
-    from persistlog._signing import Signer
+    from persistlog._format.signing import Signer
     status, out, _ = cli("info", log_dir)
     assert status == 0 and f"signed       key {Signer(signing).key_id}" in out and "encrypted    key 2026-10" in out
     # Ciphertext changed, CRCs and the whole chain recomputed: no key is needed to see it.

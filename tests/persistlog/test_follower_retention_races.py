@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import persistlog
-from persistlog import _format as F
+from persistlog._format import constants as F
 from persistlog._retention import apply_retention
 from persistlog._segment_writer import move_pointer
 from kv_app import apply

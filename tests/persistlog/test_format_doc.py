@@ -1,4 +1,4 @@
-"""docs/FORMAT.md and persistlog/_format.py state the same numbers.
+"""docs/FORMAT.md and persistlog/_format/constants.py state the same numbers.
 
 The doc is the specification and the module its one copy in code: each test reads a
 number or a byte string out of the doc's text and holds the constant to it, so that a
@@ -13,9 +13,9 @@ from pathlib import Path
 import cbor2
 import pytest
 
-from persistlog import _decoder, _encoder
-from persistlog import _format as F
-from persistlog._shared_values import SharedValues, ValueTable
+from persistlog._format import decoder, encoder
+from persistlog._format import constants as F
+from persistlog._format.shared_values import SharedValues, ValueTable
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
 
@@ -135,10 +135,10 @@ def test_names() -> None:
 
 
 def test_the_closed_note_is_what_the_table_says() -> None:
-    from persistlog import _encoder
-    from persistlog._decoder import parse_closed_note
+    from persistlog._format import encoder
+    from persistlog._format.decoder import parse_closed_note
 
-    note = _encoder.closed_note(7, 1234)
+    note = encoder.closed_note(7, 1234)
     assert len(note) == F.CLOSED_SIZE and note[:8] == F.CLOSED_MAGIC
     assert int.from_bytes(note[12:20], "little") == 7 and int.from_bytes(note[20:28], "little") == 1234
     assert parse_closed_note(note) == (7, 1234)
@@ -146,9 +146,9 @@ def test_the_closed_note_is_what_the_table_says() -> None:
 
 
 def test_a_consumer_position_is_what_the_table_says() -> None:
-    from persistlog._decoder import parse_consumer_position
+    from persistlog._format.decoder import parse_consumer_position
 
-    buf = _encoder.consumer_position(7, 3, 4096, 1234, 1_700_000_000_000_000)
+    buf = encoder.consumer_position(7, 3, 4096, 1234, 1_700_000_000_000_000)
     assert len(buf) == F.CONSUMER_SIZE and buf[:8] == F.CONSUMER_MAGIC
     fields = {name: (offset, size) for offset, size, name in table_rows(section("consumers/<name>"))}
 
@@ -185,10 +185,10 @@ def test_fence_segment_is_the_bytes_the_doc_spells() -> None:
     text = section("Fence segment")
     assert [(o, w) for o, w, _f in table_rows(text)] == [(0, F.SEGMENT_HEADER_SIZE), (40, F.BATCH_HEADER_SIZE)]
     assert re.search(r"^\| 80\s+\| n\s+\| payload", text, re.M)
-    data = _encoder.fence_segment(7, 3, 100, "host:1:ab", 1_769_000_000_000_000)
-    head = _decoder.parse_segment_header(data[:40])
+    data = encoder.fence_segment(7, 3, 100, "host:1:ab", 1_769_000_000_000_000)
+    head = decoder.parse_segment_header(data[:40])
     assert (head.seq, head.segment, head.first_lsn) == (7, 3, 100)
-    batch = _decoder.parse_batch_header(data[40:80], 40)
+    batch = decoder.parse_batch_header(data[40:80], 40)
     assert (batch.kind, batch.count, batch.first_lsn) == (F.KIND_CONTROL, 1, 100)
     assert batch.commit_us == 1_769_000_000_000_000
     assert batch.stored_len == batch.raw_len == len(data) - 80  # no compression, nothing after it
@@ -200,13 +200,13 @@ def test_fence_segment_is_the_bytes_the_doc_spells() -> None:
 
 
 def test_log_set_marker_as_the_doc_spells_it() -> None:
-    from persistlog import _encoder
+    from persistlog._format import encoder
     from persistlog._log_set import key_name, shards
 
     logset = section("LOGSET")
     assert f"layout version, u16 = {F.LOG_SET_VERSION}" in logset and f"`{F.LOG_SET_NAME}`" in logset
     spelt = re.search(r"Depth 1 in bytes: `([0-9A-F ]+)`", logset)
-    assert spelt is not None and _encoder.log_set_marker(1)[:12] == bytes.fromhex(spelt.group(1))
+    assert spelt is not None and encoder.log_set_marker(1)[:12] == bytes.fromhex(spelt.group(1))
     example = re.search(r"^(\w\w)/(\S+)/\s+depth 1: the destination of key \"(.+)\"$", logset, re.M)
     assert example is not None
     assert shards(example.group(3), 1) == [example.group(1)] and key_name(example.group(3)) == example.group(2)
@@ -216,14 +216,14 @@ def test_log_set_marker_as_the_doc_spells_it() -> None:
 def test_a_handover_request_is_what_the_section_shows() -> None:
     import json
 
-    from persistlog import _encoder
-    from persistlog._decoder import parse_handover_request
+    from persistlog._format import encoder
+    from persistlog._format.decoder import parse_handover_request
 
     text = section("HANDOVER")
     assert f"`{F.HANDOVER_NAME}`" in DOC and F.HANDOVER_NAME in section("Files at a destination")
     assert f"at most {F.HANDOVER_MAX_BYTES:,} bytes" in text
     shown = json.loads(re.search(r"^(\{.*\})$", text, re.M).group(1))  # type: ignore[union-attr]
-    written = json.loads(_encoder.handover_request(shown["owner"], shown["host"], shown["pid"], shown["to"],
+    written = json.loads(encoder.handover_request(shown["owner"], shown["host"], shown["pid"], shown["to"],
                                                    shown["asked"], shown["deadline"]))
     assert written == shown
     assert parse_handover_request(json.dumps(shown).encode()) == (shown["owner"], shown["to"], shown["asked"],
@@ -257,4 +257,4 @@ def test_shared_values_stream_as_documented() -> None:
     assert stream[:len(head)] == head
     assert stream[len(head):] == bytes.fromhex("59012C") + x
     assert (len(stream), len(payload)) == (327, 612) and "327 bytes in place of 612" in text
-    assert _decoder.expand_shared(stream, ValueTable((1, 0, 0)), 0) == payload
+    assert decoder.expand_shared(stream, ValueTable((1, 0, 0)), 0) == payload

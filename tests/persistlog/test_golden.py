@@ -31,8 +31,8 @@ from log_files import crash, segment_files, truncate
 
 import persistlog
 from destinations import open_destination
-from persistlog import _format as F
-from persistlog._crypt import Keyring
+from persistlog._format import constants as F
+from persistlog._format.crypt import Keyring
 from persistlog._reader import LogScanner, list_logs
 
 GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")

@@ -17,8 +17,8 @@ import pytest
 from child_scripts import AckingWriter
 
 import persistlog
-from persistlog import _encoder
-from persistlog import _format as F
+from persistlog._format import encoder
+from persistlog._format import constants as F
 from kv_app import restore_state
 
 
@@ -197,7 +197,7 @@ def test_a_request_whose_asker_gave_up_is_ignored(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     lg = persistlog.open(url, lambda emit: None, handover=True)
     now = time.time()
-    (tmp_path / "log" / F.HANDOVER_NAME).write_bytes(_encoder.handover_request("gone:1:x", "h", 1, lg.writer_id, now - 60, now - 30))
+    (tmp_path / "log" / F.HANDOVER_NAME).write_bytes(encoder.handover_request("gone:1:x", "h", 1, lg.writer_id, now - 60, now - 30))
     time.sleep(0.5)  # several looks
     lg.update({"op": "put", "key": "a", "value": 1})
     assert not lg.closed and lg.handed_over is None
@@ -279,7 +279,7 @@ def test_an_asker_that_died_leaves_the_log_closed_and_free(tmp_path: Path) -> No
         state[f"k{i}"] = i
     now = time.time()
     (tmp_path / "log" / F.HANDOVER_NAME).write_bytes(
-        _encoder.handover_request("dead:1:x", "h", 1, lg.writer_id, now, now + 30))
+        encoder.handover_request("dead:1:x", "h", 1, lg.writer_id, now, now + 30))
     deadline = time.monotonic() + 10
     while not lg.closed and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -26,8 +26,8 @@ from kv_app import App, restore_state
 from log_files import crash
 
 import persistlog
-from persistlog import _chain
-from persistlog import _format as F
+from persistlog._format import chain
+from persistlog._format import constants as F
 from persistlog.cli import main
 
 
@@ -134,13 +134,13 @@ def test_edit_one_byte_and_fix_its_crc(log_dir: str) -> None:
 
 
 def test_batches_hashed_off_the_reading_thread_are_checked_alike(log_dir: str) -> None:
-    """A batch of ``_chain.OFFLOAD_BYTES`` or more is hashed on another thread while the
+    """A batch of ``chain.OFFLOAD_BYTES`` or more is hashed on another thread while the
     reader goes on: an edit in one is still named at the batch after it, and the chain
     head reported at the end is the hash of the last batch."""
     app = App({"seed": 0})
     app.open(log_dir, durability="fsync", retain=10)
     for i in range(6):
-        app.put(f"k{i}", "v" * (_chain.OFFLOAD_BYTES + 1000))  # one batch each, all offloaded
+        app.put(f"k{i}", "v" * (chain.OFFLOAD_BYTES + 1000))  # one batch each, all offloaded
     app.log.close()  # type: ignore[union-attr]
     assert restore_state(log_dir)[0] == app.data
     assert any(t.name.startswith("persistlog-hash") for t in threading.enumerate())  # offloaded
@@ -161,7 +161,7 @@ def test_a_forked_child_hashes_on_a_thread_of_its_own(log_dir: str) -> None:
     app = App({"seed": 0})
     app.open(log_dir, durability="fsync")
     for i in range(3):
-        app.put(f"k{i}", "v" * (_chain.OFFLOAD_BYTES + 1000))
+        app.put(f"k{i}", "v" * (chain.OFFLOAD_BYTES + 1000))
     app.log.close()  # type: ignore[union-attr]
     assert restore_state(log_dir)[0] == app.data  # the parent's thread is started
     pid = os.fork()

@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import persistlog
-from persistlog import _encoder
-from persistlog import _format as F
+from persistlog._format import encoder
+from persistlog._format import constants as F
 from persistlog._log_set import key_name, name_key
 
 KEYS = [
@@ -83,7 +83,7 @@ def test_logs_lie_in_sha256_shards_under_a_marker(tmp_path: Path, depth: int) ->
     digest = hashlib.sha256(b"user:1").hexdigest()
     shard_dirs = [digest[2 * i : 2 * i + 2] for i in range(depth)]
     assert logset.url("user:1") == "/".join([str(root), *shard_dirs, "user%3A1"])
-    assert (root / F.LOG_SET_NAME).read_bytes() == _encoder.log_set_marker(depth)
+    assert (root / F.LOG_SET_NAME).read_bytes() == encoder.log_set_marker(depth)
     assert sorted(os.listdir(root)) == ["LOGSET", shard_dirs[0]]
     assert persistlog.restore(logset.url("user:1"), lambda r: None).records == 1  # a plain log
     # The marker says the depth: a LogSet opened without one takes it.
@@ -91,7 +91,7 @@ def test_logs_lie_in_sha256_shards_under_a_marker(tmp_path: Path, depth: int) ->
 
 
 def test_the_marker_is_sixteen_bytes_with_its_depth_and_a_crc() -> None:
-    marker = _encoder.log_set_marker(3)
+    marker = encoder.log_set_marker(3)
     assert len(marker) == 16
     assert marker[:8] == b"PLOGLSET" and marker[8:10] == b"\x01\x00" and marker[10:12] == b"\x03\x00"
     import zlib

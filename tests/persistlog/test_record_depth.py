@@ -20,8 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import persistlog
-from persistlog import _codec
-from persistlog import _format as F
+from persistlog._format import codec as _codec
+from persistlog._format import constants as F
 from childproc import run_json
 from hypothesis_profiles import active_profile
 
@@ -198,7 +198,7 @@ def test_a_short_chain_of_registered_objects_is_logged(tmp_path: Path) -> None:
 NO_ACCELERATOR = """
     import json, sys
     import persistlog
-    from persistlog import _codec
+    from persistlog._format import codec as _codec
 
     deep = 1
     for _ in range(9000):

@@ -21,9 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import persistlog
-from persistlog import _decoder
-from persistlog import _format as F
-from persistlog._decoder import BatchHeader, Damage, record_slices, split_records
+from persistlog._format import decoder
+from persistlog._format import constants as F
+from persistlog._format.decoder import BatchHeader, Damage, record_slices, split_records
 
 record_bounds = pytest.importorskip("persistlog._cbor_json").record_bounds
 
@@ -246,7 +246,7 @@ def test_without_the_boundary_finder_a_batch_is_one_slice(monkeypatch: pytest.Mo
     raw, _ = encoded(records)
     header = header_for(F.KIND_UPDATE, len(records), raw)
     assert sliced(header, raw, 64)[2] > 10
-    monkeypatch.setattr(_decoder, "_record_bounds", None)
+    monkeypatch.setattr(decoder, "_record_bounds", None)
     got, _bitmap, n = sliced(header, raw, 64)
     assert n == 1 and got == records
 
@@ -361,10 +361,10 @@ def test_golden_logs_read_the_same_slice_by_slice(case: str, monkeypatch: pytest
             main(["dump", path, "--json", "--control"])
         return restored, followed, out.getvalue()
 
-    monkeypatch.setattr(_decoder, "SLICE_BYTES", 1)
+    monkeypatch.setattr(decoder, "SLICE_BYTES", 1)
     restored, followed, dumped = readers()
     assert render(restored) == expected and render(followed) == expected
-    monkeypatch.setattr(_decoder, "_record_bounds", None)
+    monkeypatch.setattr(decoder, "_record_bounds", None)
     assert readers()[2] == dumped
 
 
@@ -376,14 +376,14 @@ def test_golden_logs_read_the_same_in_the_spark_reader(case: str, monkeypatch: p
     pytest.importorskip("pyarrow")
     import pyarrow as pa
 
-    from persistlog import _jsonify
+    from persistlog._format import jsonify
     from spark_replay import _scan
     from spark_replay._options import ReadOptions
     from spark_replay._plan import plan
     from spark_replay._schema import arrow_schema
 
     path = os.path.join(GOLDEN, f"{case}.plog")
-    monkeypatch.setattr(_jsonify, "_c_records", None)
+    monkeypatch.setattr(jsonify, "_c_records", None)
     monkeypatch.setattr(_scan, "texts_from_cbor", lambda payload, count: None)
     monkeypatch.setattr(_scan, "resource_texts_from_cbor", lambda payload, count: None)
 
@@ -392,9 +392,9 @@ def test_golden_logs_read_the_same_in_the_spark_reader(case: str, monkeypatch: p
         batches = [b for p in plan(opts) for b in _scan.read_records(p)]
         return pa.Table.from_batches(batches, schema=arrow_schema("records", convention)).to_pylist()
 
-    monkeypatch.setattr(_decoder, "SLICE_BYTES", 1)
+    monkeypatch.setattr(decoder, "SLICE_BYTES", 1)
     sliced_rows = [rows("raw"), rows("resource")]
-    monkeypatch.setattr(_decoder, "_record_bounds", None)
+    monkeypatch.setattr(decoder, "_record_bounds", None)
     assert [rows("raw"), rows("resource")] == sliced_rows
     assert sliced_rows[0]
 

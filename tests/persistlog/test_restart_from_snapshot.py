@@ -19,7 +19,7 @@ import pytest
 
 import persistlog
 from destinations import open_destination
-from persistlog import _format
+from persistlog._format import constants
 from persistlog._reader import list_logs, newest_seal
 
 
@@ -110,13 +110,13 @@ def test_the_seal_says_where_the_snapshot_ended(log_dir: str) -> None:
     lg.close()
     seal = seal_of_newest(log_dir)
     # Log 2's snapshot took LSNs 6-10; the update after it took 11.
-    assert seal is not None and seal["next_lsn"] == 12 and seal[_format.SEAL_COMPLETE_LSN] == 11
+    assert seal is not None and seal["next_lsn"] == 12 and seal[constants.SEAL_COMPLETE_LSN] == 11
     # Reopened, log 3 enumerates the 6 keys (LSNs 12-17); the rotating close's log 4 holds
     # them again (18-23) and nothing after.
     app2 = Counted()
     persistlog.open(log_dir, app2.enumerate_all, replay=app2.apply).close(rotate=True)
     seal = seal_of_newest(log_dir)
-    assert seal is not None and seal[_format.SEAL_COMPLETE_LSN] == seal["next_lsn"] == 24
+    assert seal is not None and seal[constants.SEAL_COMPLETE_LSN] == seal["next_lsn"] == 24
 
 
 def test_a_log_that_never_completed_seals_without_complete_lsn(log_dir: str) -> None:
@@ -132,7 +132,7 @@ def test_a_log_that_never_completed_seals_without_complete_lsn(log_dir: str) -> 
         lg.rotate()
     lg.close()
     seal = seal_of_newest(log_dir)
-    assert seal is not None and _format.SEAL_COMPLETE_LSN not in seal
+    assert seal is not None and constants.SEAL_COMPLETE_LSN not in seal
 
 
 def test_restore_then_open_enumerates_what_the_app_holds_now(log_dir: str) -> None:
@@ -175,7 +175,7 @@ def test_a_secondary_seals_with_complete_lsn_too(tmp_path: Any) -> None:
     url, secondary = str(tmp_path / "primary"), str(tmp_path / "secondary")
     written_with_rotating_close(url, secondaries=[secondary])
     primary_seal, secondary_seal = seal_of_newest(url), seal_of_newest(secondary)
-    assert primary_seal is not None and primary_seal[_format.SEAL_COMPLETE_LSN] == primary_seal["next_lsn"]
+    assert primary_seal is not None and primary_seal[constants.SEAL_COMPLETE_LSN] == primary_seal["next_lsn"]
     assert secondary_seal == primary_seal
 
 

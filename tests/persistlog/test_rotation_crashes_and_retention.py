@@ -16,8 +16,8 @@ from kv_app import App, restore_state
 from log_files import crash, is_complete_log, is_sealed_log, log_seqs, segment_files, truncate
 
 import persistlog
-from persistlog import _encoder
-from persistlog import _format as F
+from persistlog._format import encoder
+from persistlog._format import constants as F
 
 
 # -- restarts and retention -------------------------------------------------------------
@@ -155,7 +155,7 @@ def test_interrupted_rotation_complete_but_current_not_moved(tmp_path: Any) -> N
     lg.close()
     assert log_seqs(url) == [2]
     with open(os.path.join(url, "CURRENT"), "wb") as f:
-        f.write(_encoder.pointer(1))  # CURRENT still names the log retention just deleted
+        f.write(encoder.pointer(1))  # CURRENT still names the log retention just deleted
     state, result = restore_state(url)
     assert state == app.data and result.logs == [2]
     # And with the old log still there, CURRENT naming it: both are replayed, same state.
@@ -167,7 +167,7 @@ def test_interrupted_rotation_complete_but_current_not_moved(tmp_path: Any) -> N
     app.delete("a")
     lg.close()
     with open(os.path.join(url2, "CURRENT"), "wb") as f:
-        f.write(_encoder.pointer(1))
+        f.write(encoder.pointer(1))
     state, result = restore_state(url2)
     assert state == app.data == {"b": 2} and result.logs == [1, 2]
 

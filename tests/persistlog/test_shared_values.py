@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 import persistlog
 from destinations import open_destination
-from persistlog import _decoder
-from persistlog import _format as F
-from persistlog._decoder import Damage
-from persistlog._jsonify import from_json
+from persistlog._format import decoder
+from persistlog._format import constants as F
+from persistlog._format.decoder import Damage
+from persistlog._format.jsonify import from_json
+from persistlog._format.shared_values import SharedValues, ValueTable
 from persistlog._reader import LogScanner, list_logs
-from persistlog._shared_values import SharedValues, ValueTable
 from persistlog.cli import main
 
 BIG = [b"\x07" * 300 + bytes(range(40)), ("payload %d " % 7) * 40, "é" * 130, b"\x00" * 125]
@@ -96,7 +96,7 @@ def test_share_values_false_writes_version_2(tmp_path: Path) -> None:
     snapshot_log(url, records(10), share_values=False).close()
     assert not any(b.header.flags & F.FLAG_SHARED for b in batches(url, 2))
     with open(os.path.join(url, F.segment_name(2, 0)), "rb") as f:
-        assert _decoder.parse_segment_header(f.read(40)).version == F.CHAINED_VERSION
+        assert decoder.parse_segment_header(f.read(40)).version == F.CHAINED_VERSION
     with pytest.raises(TypeError, match="share_values"):
         persistlog.open(str(tmp_path / "other"), lambda emit: None, share_values=1)
 
@@ -171,16 +171,16 @@ def test_a_reference_before_its_definition_or_a_skipped_definition_is_damage() -
     second = stream(cbor2.dumps(rec) * 2, [rec, rec], sv, lsn=2)
     table = ValueTable((1, 0, 0))
     with pytest.raises(Damage, match="reference to shared value 0, of 0 defined"):
-        _decoder.expand_shared(second, table, 0)
+        decoder.expand_shared(second, table, 0)
     assert table.values == []  # nothing of a damaged stream is kept
-    assert _decoder.expand_shared(first, table, 0) == cbor2.dumps(rec)
-    assert _decoder.expand_shared(second, table, 0) == cbor2.dumps(rec) * 2
+    assert decoder.expand_shared(first, table, 0) == cbor2.dumps(rec)
+    assert decoder.expand_shared(second, table, 0) == cbor2.dumps(rec) * 2
     other = SharedValues()
     other.hint(1, [{"q": BIG[1]}])
     third = other.share(cbor2.dumps({"q": BIG[1]}), 1, 2)
     assert third is not None
     with pytest.raises(Damage, match="defines shared value 0 where the log holds 1"):
-        _decoder.expand_shared(third, table, 0)
+        decoder.expand_shared(third, table, 0)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_a_malformed_stream_is_damage_naming_what(cut: Any, reason: str) -> None
     rec = {"a": "x" * 40, "p": BIG[0], "b": 1}
     good = stream(cbor2.dumps(rec), [rec])
     with pytest.raises(Damage, match=reason):
-        _decoder.expand_shared(cut(good), ValueTable((1, 0, 0)), 0)
+        decoder.expand_shared(cut(good), ValueTable((1, 0, 0)), 0)
 
 
 def test_a_log_defines_at_most_shared_max_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +209,7 @@ def test_a_log_defines_at_most_shared_max_bytes(monkeypatch: pytest.MonkeyPatch)
     payload = b"".join(map(cbor2.dumps, recs))
     out = stream(payload, recs)
     table = ValueTable((1, 0, 0))
-    assert _decoder.expand_shared(out, table, 0) == payload
+    assert decoder.expand_shared(out, table, 0) == payload
     assert len(table.values) == 1 and table.size <= 700  # BIG[1] written as it is, twice
     monkeypatch.setattr(F, "SHARED_MAX_BYTES", 10_000)  # a writer that knew no limit
     forged = SharedValues()
@@ -217,7 +217,7 @@ def test_a_log_defines_at_most_shared_max_bytes(monkeypatch: pytest.MonkeyPatch)
     over = stream(b"".join(map(cbor2.dumps, recs[1:])), recs[1:], forged, lsn=2)
     monkeypatch.setattr(F, "SHARED_MAX_BYTES", 700)
     with pytest.raises(Damage, match="pass the 700-byte limit"):
-        _decoder.expand_shared(over, table, 0)
+        decoder.expand_shared(over, table, 0)
 
 
 def test_a_batch_framed_again_after_an_interruption_defines_its_values_again() -> None:
@@ -231,7 +231,7 @@ def test_a_batch_framed_again_after_an_interruption_defines_its_values_again() -
     again = sv.share(payload, 10, 14)  # the same batch (first LSN 10) framed again
     assert once == again and once is not None
     table = ValueTable((1, 0, 0))
-    assert _decoder.expand_shared(again, table, 0) == payload
+    assert decoder.expand_shared(again, table, 0) == payload
     assert len(table.values) == sv.defined
 
 

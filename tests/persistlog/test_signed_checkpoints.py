@@ -27,11 +27,11 @@ from kv_app import App
 
 import persistlog
 from destinations import open_destination
-from persistlog import _format as F
 from persistlog._audit import audit
 from persistlog._destination_check import inspect_destination
+from persistlog._format import constants as F
+from persistlog._format.signing import Signer, Verifier
 from persistlog._log import parts_of
-from persistlog._signing import Signer, Verifier
 from persistlog.cli import main
 
 ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")

@@ -24,8 +24,8 @@ from threads import wait_until
 
 import persistlog
 from destinations import open_destination
-from persistlog import _decoder, _encoder
-from persistlog import _format as F
+from persistlog._format import decoder, encoder
+from persistlog._format import constants as F
 from persistlog._segment_writer import fence_newest_log
 from persistlog.cli import main as cli_main
 
@@ -214,9 +214,9 @@ def test_a_writer_whose_log_was_fenced_fails_at_its_next_write(clean_memory_fs: 
     # A fence segment is an ordinary segment of the format: a header, then one control
     # batch (which readers that know no fence skip as an unknown control record).
     data = open_destination(url).read(name)
-    head = _decoder.parse_segment_header(data[: F.SEGMENT_HEADER_SIZE])
+    head = decoder.parse_segment_header(data[: F.SEGMENT_HEADER_SIZE])
     assert (head.seq, head.segment, head.first_lsn) == (1, len(segments), result.next_lsn)
-    batch = _decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE: F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE], 40)
+    batch = decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE: F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE], 40)
     assert batch.kind == F.KIND_CONTROL and batch.count == 1 and batch.first_lsn == result.next_lsn
     assert F.SEGMENT_HEADER_SIZE + batch.size == len(data)
 
@@ -316,7 +316,7 @@ def test_fence_ends_the_log_for_readers(clean_memory_fs: None) -> None:
     name = fence_newest_log(dest, "taker:1:end")
     assert name == sealed
     assert restore_state(url)[0] == {"a": 1}
-    after = _encoder.segment_header(1, number + 1, 2) + data[F.SEGMENT_HEADER_SIZE:]
+    after = encoder.segment_header(1, number + 1, 2) + data[F.SEGMENT_HEADER_SIZE:]
     dest.create(F.segment_name(1, number + 1), after)
     with pytest.raises(persistlog.CorruptLogError, match="continues after its fence"):
         restore_state(url)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from persistlog import Codec
-from persistlog import _format as F
+from persistlog._format import constants as F
 from hypothesis_profiles import active_profile
 
 try:

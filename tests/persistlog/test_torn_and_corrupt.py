@@ -17,8 +17,8 @@ from kv_app import App, restore_state
 from log_files import crash, flip_bit, log_seqs, segment_files
 
 import persistlog
-from persistlog import _decoder, _encoder
-from persistlog import _format as F
+from persistlog._format import decoder, encoder
+from persistlog._format import constants as F
 
 BIG = "v" * 150  # a last batch long enough to cut at many offsets
 
@@ -373,7 +373,7 @@ def test_damaged_current_falls_back_to_listing(log_dir: str, damage: str) -> Non
     assert expected == app.data and good.logs == [3]
     current = os.path.join(log_dir, "CURRENT")
     pointer = read(current)
-    assert pointer == _encoder.pointer(3)
+    assert pointer == encoder.pointer(3)
     if damage == "missing":
         os.remove(current)
     elif damage == "empty":
@@ -388,13 +388,13 @@ def test_damaged_current_falls_back_to_listing(log_dir: str, damage: str) -> Non
         body = F.POINTER.pack(F.POINTER_MAGIC, F.FORMAT_VERSION + 1, 0, 3)
         write(current, body + F.U32.pack(zlib.crc32(body)))
     elif damage == "dangling (names no log)":
-        write(current, _encoder.pointer(99))
+        write(current, encoder.pointer(99))
     elif damage == "dangling (names a deleted log)":
-        write(current, _encoder.pointer(1))
+        write(current, encoder.pointer(1))
         for p in segment_files(log_dir)[:1]:
             os.remove(p)
     else:
-        write(current, _encoder.pointer(1))
+        write(current, encoder.pointer(1))
     state, result = restore_state(log_dir)
     assert state == expected
     assert result.complete
@@ -403,7 +403,7 @@ def test_damaged_current_falls_back_to_listing(log_dir: str, damage: str) -> Non
     lg = app2.open(log_dir)
     assert lg.seq == 4
     lg.close()
-    assert read(current) == _encoder.pointer(4)
+    assert read(current) == encoder.pointer(4)
     assert restore_state(log_dir)[0] == expected
 
 
@@ -429,10 +429,10 @@ def test_records_that_do_not_decode_are_corruption_not_an_internal_error(log_dir
     with open(seg, "r+b") as f:
         f.seek(offset)
         batch = f.read(F.BATCH_HEADER_SIZE)
-        head = _decoder.parse_batch_header(batch, offset)
+        head = decoder.parse_batch_header(batch, offset)
         payload = f.read(head.stored_len).replace(b"dZZZZ", b"d\xff\xfe\xff\xfe")
         f.seek(offset)
-        f.write(_encoder.record_batch(payload, head.count, [], head.first_lsn, head.commit_us))
+        f.write(encoder.record_batch(payload, head.count, [], head.first_lsn, head.commit_us))
     with pytest.raises(persistlog.CorruptLogError) as info:
         restore_state(log_dir)
     assert (info.value.log, info.value.segment, info.value.offset) == (1, os.path.basename(seg), offset)

@@ -58,7 +58,7 @@ import persistlog
 from destinations import open_destination
 from guarantee_child import ENDINGS, PATTERNS, ROUND, Unit, late_units, readme_namespace, units
 from kv_app import prefix_states, replay_ops
-from persistlog._format import parse_segment_name
+from persistlog._format.constants import parse_segment_name
 from readme_code import readme_functions
 from threads import wait_until
 

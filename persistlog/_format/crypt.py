@@ -22,8 +22,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import _format as F
-from ._errors import KeyUnavailableError, missing_cryptography
+from .._errors import KeyUnavailableError, missing_cryptography
+from . import constants as F
 
 #: A key provider: the 32-byte key of a key id (KeyError or None: not known).
 KeyProvider = Callable[[str], Any]

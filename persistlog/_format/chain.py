@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import cbor2
 
-from . import _format as F
+from . import constants as F
 
 #: The link of the first batch of a chain: a log with no chained log before it.
 GENESIS = bytes(F.LINK_SIZE)

@@ -17,9 +17,9 @@ import os
 import time
 from typing import Any
 
-from . import _encoder
-from . import _format as F
-from ._errors import missing_cryptography
+from .._errors import missing_cryptography
+from . import encoder
+from . import constants as F
 
 #: Seconds between checkpoints of a writer that keeps writing (``open(sign_interval=)``).
 SIGN_INTERVAL = 60.0
@@ -94,7 +94,7 @@ class Signer:
 
     def fields(self, seq: int, lsn: int, head: bytes) -> dict[str, Any]:
         """The keys a signed record carries: the key id and the signature."""
-        return {"key": self.key_id, "sig": self._key.sign(_encoder.checkpoint_message(seq, lsn, head))}
+        return {"key": self.key_id, "sig": self._key.sign(encoder.checkpoint_message(seq, lsn, head))}
 
     def __repr__(self) -> str:
         return f"Signer(key_id={self.key_id!r})"
@@ -125,7 +125,7 @@ class Checkpoints:
             return None
         self._last = time.monotonic()
         record = {"t": F.CONTROL_CHECKPOINT, "seq": seq, "lsn": lsn, "head": head, **self.signer.fields(seq, lsn, head)}
-        return _encoder.control_batch([record], lsn, time.time_ns() // 1000, head)
+        return encoder.control_batch([record], lsn, time.time_ns() // 1000, head)
 
 
 class Verifier:
@@ -159,7 +159,7 @@ class Verifier:
             given = ", ".join(self.key_ids)
             return f"signed with key {key!r}, not with the public key{'s' if len(self.key_ids) > 1 else ''} given ({given})"
         try:
-            public_key.verify(sig, _encoder.checkpoint_message(seq, lsn, head))
+            public_key.verify(sig, encoder.checkpoint_message(seq, lsn, head))
         except InvalidSignature:
             return "the signature does not verify with the public key (the record or what it signs was changed)"
         return None

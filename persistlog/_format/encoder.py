@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import cbor2
 
-from . import _format as F
+from . import constants as F
 
 if TYPE_CHECKING:
-    from ._crypt import Keyring
+    from .crypt import Keyring
 
 _crc32 = zlib.crc32
 

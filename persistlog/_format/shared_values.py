@@ -17,7 +17,7 @@ reference replaces bytes only with bytes equal to them.
 
 Reading: :class:`ValueTable` holds what a log defined up to the position a scan reached
 (``LogScanner`` keeps one per log and primes it from the log's start when it starts in the
-middle; followers and readers hand it from one scan to the next). ``_decoder`` expands the
+middle; followers and readers hand it from one scan to the next). ``decoder`` expands the
 stream.
 """
 
@@ -30,10 +30,10 @@ from collections.abc import Sequence
 from itertools import compress
 from typing import Any
 
-from . import _format as F
+from . import constants as F
 
 try:
-    from ._cbor_json import record_bounds as _record_bounds
+    from .._cbor_json import record_bounds as _record_bounds
 except ImportError:  # no C accelerator: every record is walked
     _record_bounds = None
 

@@ -15,13 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from . import _format as F
-from ._codec import RecordRefused, plain_loads
-from ._errors import CodecError, KeyUnavailableError, MissingDependencyError
+from .._errors import CodecError, KeyUnavailableError, MissingDependencyError
+from . import constants as F
+from .codec import RecordRefused, plain_loads
 
 if TYPE_CHECKING:
-    from ._crypt import Keyring
-    from ._shared_values import ValueTable
+    from .crypt import Keyring
+    from .shared_values import ValueTable
 
 _crc32 = zlib.crc32
 
@@ -145,7 +145,7 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
     before this batch, to which this batch's definitions are added).
 
     An encrypted batch without ``keys`` raises :class:`KeyUnavailableError`; with
-    ``_crypt.OPAQUE`` it reads as an empty payload (structure-only scans), and so does a
+    ``crypt.OPAQUE`` it reads as an empty payload (structure-only scans), and so does a
     batch that shares values read without ``values``.
 
     ``link`` given: ``stored`` is what follows the link of a chained batch that is not
@@ -157,7 +157,7 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
     if link is not None and header.flags & F.FLAG_ENCRYPTED:
         raise ValueError("an encrypted batch's stored bytes are read whole, link included")
     if header.flags & F.FLAG_SHARED:
-        from ._crypt import OPAQUE
+        from .crypt import OPAQUE
 
         raw = _payload(header, stored, offset, keys, link is not None)
         if keys is OPAQUE and (values is None or header.flags & F.FLAG_ENCRYPTED):
@@ -214,7 +214,7 @@ def key_id_of(header: BatchHeader, stored: bytes | memoryview) -> str:
 
 def _decrypt(header: BatchHeader, stored: bytes | memoryview, offset: int, keys: Keyring | None) -> bytes | None:
     """The decrypted payload of an encrypted batch (None with opaque keys)."""
-    from ._crypt import Opaque
+    from .crypt import Opaque
 
     link = F.LINK_SIZE if header.flags & F.FLAG_LINKED else 0
     body = memoryview(stored)[link:]
@@ -369,8 +369,8 @@ def split_records(
 SLICE_BYTES = 4 * 1024
 
 try:
-    from ._cbor_json import decode_slice as _decode_slice
-    from ._cbor_json import record_bounds as _record_bounds
+    from .._cbor_json import decode_slice as _decode_slice
+    from .._cbor_json import record_bounds as _record_bounds
 except ImportError:  # built without a C compiler: batches decode whole, as they always did
     _record_bounds = None
     _decode_slice = None

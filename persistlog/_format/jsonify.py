@@ -26,8 +26,8 @@ from typing import Any
 
 import cbor2
 
-from ._codec import _SAFE_SEMANTIC, _keep_tag, plain_loads
-from ._format import MAX_CBOR_DEPTH
+from .codec import _SAFE_SEMANTIC, _keep_tag, plain_loads
+from .constants import MAX_CBOR_DEPTH
 
 __all__ = [
     "JsonRecords", "PlainRecords", "from_json", "from_jsonable", "key_text", "plain_loads", "resource_texts_from_cbor",
@@ -262,7 +262,7 @@ def from_json(text: str) -> Any:
 # -- the fast paths ---------------------------------------------------------------------------
 
 try:
-    from ._cbor_json import records as _c_records
+    from .._cbor_json import records as _c_records
 except ImportError:  # built without a C compiler: the Python paths give the same text
     _c_records = None
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import cbor2
 
-from ._format import MAX_CBOR_DEPTH, MAX_RECORD_DEPTH
+from .constants import MAX_CBOR_DEPTH, MAX_RECORD_DEPTH
 
 # Payloads are decoded as one array wrapping the records: one level more than a record.
 SEQUENCE_DEPTH = MAX_CBOR_DEPTH + 1
@@ -198,8 +198,8 @@ def _nesting_depth(value: Any, limit: int) -> int:
 
 
 try:
-    from ._cbor_json import depth_checked as _c_depth_checked
-    from ._cbor_json import nesting_depth as _c_nesting_depth
+    from .._cbor_json import depth_checked as _c_depth_checked
+    from .._cbor_json import nesting_depth as _c_nesting_depth
 except ImportError:  # built without a C compiler (or before the functions existed)
     _c_depth_checked = _c_nesting_depth = None
 
