@@ -40,16 +40,16 @@ from ._follower import FollowedBatch, Follower, Lag, follow
 from ._format.codec import Codec
 from ._format.constants import SEGMENT_VERSIONS
 from ._format.constants import WRITTEN_VERSION as FORMAT_VERSION
-from ._log import Log
 from ._log_set import LogSet, LogSetOptions
 from ._queue import Message, Queue
 from ._range import LoggedRecord, read
 from ._reader import TornTail
 from ._restore import RestoreResult
-from ._rotation import Emit
-from ._secondaries import SecondaryLag
 from ._store import ResourceStore
 from ._version import package_version
+from ._write.log import Log
+from ._write.rotation import Emit
+from ._write.secondaries import SecondaryLag
 
 #: The installed package's version. ``FORMAT_VERSION`` is the format version new logs are
 #: written in with the default options; ``SEGMENT_VERSIONS`` every version this package reads.

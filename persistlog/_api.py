@@ -21,14 +21,16 @@ from ._format import constants as F
 from ._format.codec import Codec, check_depth
 from ._format.crypt import Keyring, keyring
 from ._format.signing import SIGN_INTERVAL, Checkpoints, Signer
-from ._handover import HANDOVER_TIMEOUT, ask_for_handover
-from ._log import Log, LogSettings, destination_at, release_writer_lock
 from ._reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
 from ._restore import RestoreResult, restore_from
-from ._retention import Retention
-from ._rotation import EnumerateAll
 from ._seek import lsn_at_time, utc_micros
-from ._segment_writer import fence_newest_log
+from ._write.handover import HANDOVER_TIMEOUT, ask_for_handover
+from ._write.log import Log
+from ._write.retention import Retention
+from ._write.rotation import EnumerateAll
+from ._write.segment_writer import fence_newest_log
+from ._write.settings import LogSettings, destination_at
+from ._write.writer_lease import release_writer_lock
 
 logger = logging.getLogger("persistlog")
 

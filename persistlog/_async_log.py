@@ -1,7 +1,7 @@
 """The asyncio face of the log: :func:`open_async`, :class:`AsyncLog`, :func:`restore_async`.
 
 An AsyncLog is a :class:`~persistlog.Log` driven from an event loop: a second front over
-the Log's parts (``_log.parts_of``), making the same calls as the Log's own methods. The
+the Log's parts (``_write.log.parts_of``), making the same calls as the Log's own methods. The
 loop's thread does CPU work only: it encodes a record into the Log's batch buffer (the
 same buffer, LSN counter and lock the sync API uses) and registers a future. Every storage operation runs
 elsewhere: writes and syncs on the AsyncLog's commit thread (``_loop_commit``), opening,
@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from ._api import OpenOptions, open_log, restore
 from ._errors import HandedOver
-from ._log import HANDOVER_SEAL_WAIT, Log, parts_of
 from ._loop_commit import LoopCommit
 from ._restore import RestoreResult
-from ._rotation import EnumerateAll, Hold
-from ._secondaries import SecondaryLag
+from ._write.log import HANDOVER_SEAL_WAIT, Log, parts_of
+from ._write.rotation import EnumerateAll, Hold
+from ._write.secondaries import SecondaryLag
 
 if TYPE_CHECKING:
     # Imported where it is used at run time: ``import persistlog`` (the CLI, a restore-only

@@ -1711,7 +1711,7 @@ done:
 
 /* -- the batch buffer's hot path ----------------------------------------------------------
  *
- * Staging is the base type of persistlog._batch_buffer.BatchBuffer where this module is
+ * Staging is the base type of persistlog._write.batch_buffer.BatchBuffer where this module is
  * built: it holds the fields an append touches (the buffer's end, the next LSN, the cut
  * rule's two bounds, the blocked flag, the encoder) and the buffer's lock, and
  * ``_stage_fast(record, snapshot=False)`` is BatchBuffer.stage()'s usual case as one call: take the lock,

@@ -4,7 +4,7 @@ as data.
 :func:`inspect_destination` checks every log (:class:`~persistlog._log_check.LogCheck`) and
 then what only a whole-destination view can: the seq chain between logs, the LSN chain from
 one log into the next, CURRENT, and where a restore would start and how far it reaches. It
-reads the writer lock's holder too (:func:`~persistlog._lock_holder.read_holder`). The
+reads the writer lock's holder too (:func:`~persistlog._write.lock_holder.read_holder`). The
 result is a :class:`~persistlog._destination_report.DestinationReport`.
 """
 
@@ -17,10 +17,10 @@ from destinations import Destination
 from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
 from ._format import constants as F
 from ._format.crypt import Keyring
-from ._lock_holder import read_holder
 from ._log_check import LogCheck
 from ._reader import declares_gap, list_logs, read_pointer
 from ._restore import end_missing
+from ._write.lock_holder import read_holder
 
 
 def inspect_destination(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._format import constants as F
-from ._lock_holder import Holder
+from ._write.lock_holder import Holder
 
 TORN = "torn"
 CORRUPT = "corrupt"

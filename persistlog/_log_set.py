@@ -43,9 +43,9 @@ from ._format import constants as F
 from ._format.codec import Codec
 from ._format.crypt import Keyring
 from ._format.decoder import Damage, parse_log_set_marker
-from ._log import Log
 from ._restore import RestoreResult
-from ._rotation import EnumerateAll
+from ._write.log import Log
+from ._write.rotation import EnumerateAll
 
 logger = logging.getLogger("persistlog")
 

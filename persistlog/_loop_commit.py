@@ -18,7 +18,7 @@ records, the thread is already writing and syncing the ones that arrived during 
 sync: the loop's CPU and the disk's latency overlap. When a sync takes a fifth of a
 millisecond or more (a local SSD's, a busy disk, a PUT), the thread first waits a bounded
 while for the tasks it just released, as the threads' group commit does for syncs of a
-millisecond (``_group_commit``), so that the tasks do not split into two halves each
+millisecond (``_write.group_commit``), so that the tasks do not split into two halves each
 paying a whole sync.
 
 A cancelled task's future is skipped when its group is resolved; its record was appended
@@ -39,13 +39,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._errors import LogClosedError, LogFailedError, PersistLogError
-from ._group_commit import _MAX_GATHER, gather
+from ._write.group_commit import _MAX_GATHER, gather
 
 if TYPE_CHECKING:
     import asyncio
 
-    from ._batch_writer import BatchWriter
-    from ._log import Log
+    from ._write.batch_writer import BatchWriter
+    from ._write.log import Log
 
 logger = logging.getLogger("persistlog")
 

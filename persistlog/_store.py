@@ -22,10 +22,10 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from ._api import StoreOptions, open_log
-from ._log import Log
 from ._restore import RestoreResult
-from ._rotation import Emit
-from ._secondaries import SecondaryLag
+from ._write.log import Log
+from ._write.rotation import Emit
+from ._write.secondaries import SecondaryLag
 
 logger = logging.getLogger("persistlog")
 

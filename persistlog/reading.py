@@ -117,7 +117,6 @@ from ._format.jsonify import (
     to_json,
 )
 from ._format.signing import Verifier, load_public_key
-from ._lock_holder import Holder
 from ._log_set import read_marker as read_log_set_marker
 from ._probe import SegmentProbe, next_segments
 from ._reader import (
@@ -147,6 +146,7 @@ from ._restore import ReplayPlan, gc_pause
 from ._restore import plan as replay_plan
 from ._seek import LogView, Place, seek, utc_micros
 from ._usage import UsageError, parse_storage_options
+from ._write.lock_holder import Holder
 
 __all__ = [
     "Audit",

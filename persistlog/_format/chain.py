@@ -6,7 +6,7 @@ across segments and logs: the first batch of a log (its header) links to the hea
 log before it. The seal links to the head and leaves it where it is: the next log was
 started (and linked to that head) before the seal was written.
 
-The writer's end is the segment writer's ``head`` (``_segment_writer``): the hash of the
+The writer's end is the segment writer's ``head`` (``_write.segment_writer``): the hash of the
 last batch it holds, what the next batch links to. The reading end is in
 ``_reader.LogScanner``, which checks every link as it reads.
 """

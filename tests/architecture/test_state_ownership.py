@@ -63,15 +63,15 @@ def test_the_check_sees_a_foreign_write() -> None:
 # the Log. Checked for the fields of every class of these modules (the Log and its parts).
 
 GUARDED = (
-    "persistlog/_log.py",
-    "persistlog/_batch_buffer.py",
-    "persistlog/_batch_writer.py",
-    "persistlog/_writer_lease.py",
-    "persistlog/_rotation.py",
-    "persistlog/_group_commit.py",
+    "persistlog/_write/log.py",
+    "persistlog/_write/batch_buffer.py",
+    "persistlog/_write/batch_writer.py",
+    "persistlog/_write/writer_lease.py",
+    "persistlog/_write/rotation.py",
+    "persistlog/_write/group_commit.py",
     "persistlog/_loop_commit.py",
     "persistlog/_async_log.py",
-    "persistlog/_segment_writer.py",
+    "persistlog/_write/segment_writer.py",
 )
 
 
@@ -163,7 +163,7 @@ def test_no_module_reads_the_private_fields_of_the_log_or_its_parts(path: Path) 
 
 
 def test_the_check_sees_a_foreign_read() -> None:
-    guarded = {"_written_lsn": {"persistlog/_batch_writer.py"}, "_pos": {"persistlog/_batch_buffer.py"}}
+    guarded = {"_written_lsn": {"persistlog/_write/batch_writer.py"}, "_pos": {"persistlog/_write/batch_buffer.py"}}
     tree = ast.parse(
         "class C:\n"
         "    def f(self, lg):\n"

@@ -14,10 +14,10 @@ from typing import Any
 
 import persistlog
 from batches import batch_offsets
-from persistlog import _exit as persistlog_exit
 from persistlog._format import decoder
 from persistlog._format import constants as F
-from persistlog._log import parts_of
+from persistlog._write import at_exit as persistlog_exit
+from persistlog._write.log import parts_of
 
 # -- crashes ------------------------------------------------------------------------------
 

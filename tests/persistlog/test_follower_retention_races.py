@@ -16,8 +16,8 @@ import pytest
 
 import persistlog
 from persistlog._format import constants as F
-from persistlog._retention import apply_retention
-from persistlog._segment_writer import move_pointer
+from persistlog._write.retention import apply_retention
+from persistlog._write.segment_writer import move_pointer
 from kv_app import apply
 from faults import FaultPlan
 from follower_harness import Where, Writer, check_chain, drain, make_where

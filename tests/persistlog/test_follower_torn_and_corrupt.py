@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import persistlog
-from persistlog._log import parts_of
+from persistlog._write.log import parts_of
 from batches import batch_spans, update_batch_by_hand
 from kv_app import apply
 from follower_harness import Writer

@@ -3,7 +3,7 @@ that arrive during a sync share the next one, a failing sync reaches every waite
 caller returns before the sync that covers its record did.
 
 The writer it serves is :class:`Appended`: records appended, a durable point, and a sync that
-a test can hold at a gate, as the contract in ``persistlog/_group_commit.py`` states it."""
+a test can hold at a gate, as the contract in ``persistlog/_write/group_commit.py`` states it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from threads import wait_until
 
-from persistlog import LogClosedError, LogFailedError, _group_commit
-from persistlog._group_commit import GroupCommit
+from persistlog import LogClosedError, LogFailedError
+from persistlog._write import group_commit as _group_commit
+from persistlog._write.group_commit import GroupCommit
 
 
 class Appended:

@@ -293,7 +293,7 @@ def _interrupt_after_control_batches(monkeypatch: pytest.MonkeyPatch) -> tuple[l
     right after it appended a control batch (it takes no LSN), while armed (once per arming):
     the batch is at the segment writer, the Log has not taken note of it. Returns the
     batches interrupted, and the arming flag to set."""
-    from persistlog._segment_writer import AppendSegments, ObjectSegments
+    from persistlog._write.segment_writer import AppendSegments, ObjectSegments
 
     interrupted: list[bytes] = []
     armed = [False]
@@ -355,8 +355,8 @@ def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: 
     """A KeyboardInterrupt after the primary took a batch, while it is handed to a
     secondary: the next write hands it over again (the primary ignores it), and
     ``stats()`` counts each batch, and its bytes, once."""
-    from persistlog._secondaries import Secondary
-    from persistlog._segment_writer import AppendSegments
+    from persistlog._write.secondaries import Secondary
+    from persistlog._write.segment_writer import AppendSegments
 
     url = str(tmp_path / "log")
     at_primary: dict[bytes, None] = {}  # the distinct batches the primary's segment writers took
@@ -408,7 +408,7 @@ def test_an_interruption_while_a_big_record_is_taken_out_of_the_buffer_leaves_no
     whole record, and the buffer blocked, so that the next update cuts them; the record
     itself is refused as too large. On the path update()'s staging takes here (C where
     the accelerator is built)."""
-    from persistlog._batch_buffer import BatchBuffer
+    from persistlog._write.batch_buffer import BatchBuffer
 
     real = BatchBuffer._take_back
     taken: list[int] = []

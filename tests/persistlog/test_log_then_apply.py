@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import persistlog
-from persistlog import _rotation
+from persistlog._write import rotation
 from readme_code import readme_functions
 from threads import wait_until
 
@@ -151,7 +151,7 @@ def test_an_app_holding_its_lock_across_update_gets_enumeration_stalled_not_a_ha
     """An app that takes, in enumerate_all, a lock its update() callers hold needs
     concurrent_enumeration=True; without it the held call gives up with a clear error,
     having logged nothing, and the app goes on."""
-    monkeypatch.setattr(_rotation, "ENUMERATION_STALL", 0.5)
+    monkeypatch.setattr(rotation, "ENUMERATION_STALL", 0.5)
     lock = threading.Lock()
     state: dict[str, int] = {}
 

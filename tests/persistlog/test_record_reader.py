@@ -11,8 +11,8 @@ from batches import update_batch_by_hand
 from log_files import flip_bit, segment_files
 
 import persistlog
-from persistlog._log import parts_of
 from persistlog._record_reader import RecordNotWritten, RecordReader
+from persistlog._write.log import parts_of
 
 
 def written_log(tmp_path: Path, n: int, **options: object) -> tuple[persistlog.Log, dict[int, dict[str, int]]]:

@@ -23,7 +23,7 @@ import persistlog
 from kv_app import App, apply, restore_state
 from threads import wait_until
 from destinations import open_destination
-from persistlog import _secondaries
+from persistlog._write import secondaries as _secondaries
 
 # -- helpers ------------------------------------------------------------------------------
 

@@ -213,9 +213,9 @@ def test_unreachable_secondary_does_not_hold_open_up(tmp_path: Path) -> None:
     app.log = persistlog.open(str(tmp_path / "primary"), app.enumerate_all, secondaries=[("s3://nowhere/log", so)],
                               secondary_close_wait=0.5, concurrent_enumeration=True)
     try:
-        from persistlog import _secondaries
+        from persistlog._write import secondaries
 
-        assert time.monotonic() - started < _secondaries.ATTACH_WAIT + 5
+        assert time.monotonic() - started < secondaries.ATTACH_WAIT + 5
         d = app.log.stats()["destinations"][1]
         assert not d["healthy"] and not d["attached"] and d["error"], d
         steps(app, 1, 5)

@@ -31,7 +31,7 @@ from persistlog._audit import audit
 from persistlog._destination_check import inspect_destination
 from persistlog._format import constants as F
 from persistlog._format.signing import Signer, Verifier
-from persistlog._log import parts_of
+from persistlog._write.log import parts_of
 from persistlog.cli import main
 
 ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")

@@ -26,7 +26,7 @@ import persistlog
 from destinations import open_destination
 from persistlog._format import decoder, encoder
 from persistlog._format import constants as F
-from persistlog._segment_writer import fence_newest_log
+from persistlog._write.segment_writer import fence_newest_log
 from persistlog.cli import main as cli_main
 
 

@@ -32,7 +32,7 @@ from secondary_crashes import (
 import persistlog
 import persistlog._format.constants
 from destinations import open_destination
-from persistlog._retention import apply_retention
+from persistlog._write.retention import apply_retention
 from persistlog._format.jsonify import from_json
 from persistlog._errors import CorruptLogError, LogNotFoundError, PositionError, ResetRequired
 from spark_replay._options import StreamOptions

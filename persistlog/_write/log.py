@@ -1,12 +1,12 @@
 """The Log: one log being written, from ``update()`` to sealed segments at each destination.
 
 :class:`Log` is the front of a set of parts, each owning its state (docs/INTERNALS.md,
-"Threads and locks"): a :class:`~persistlog._batch_buffer.BatchBuffer` (records appended,
+"Threads and locks"): a :class:`~persistlog._write.batch_buffer.BatchBuffer` (records appended,
 their LSNs, and the cut rule saying when a call hands its batch over), a
-:class:`~persistlog._batch_writer.BatchWriter` (batches to the segment writer and the
+:class:`~persistlog._write.batch_writer.BatchWriter` (batches to the segment writer and the
 secondaries, syncs and their group commit, the flush timer, the failed and closed
-state), a :class:`~persistlog._rotation.Rotator` (the triggers and the rotation job) and a
-:class:`~persistlog._writer_lease.WriterLease` (the writer lock). :class:`AsyncLog` is a
+state), a :class:`~persistlog._write.rotation.Rotator` (the triggers and the rotation job) and a
+:class:`~persistlog._write.writer_lease.WriterLease` (the writer lock). :class:`AsyncLog` is a
 second front over the same parts (:func:`parts_of`). ``persistlog.open`` (``_api``)
 checks the options, takes the writer lock, restores, and builds the Log. Its background
 work (flushes, the lease, the interval and signal triggers) and its rotations run as
@@ -34,29 +34,26 @@ from dataclasses import asdict
 from types import FrameType, TracebackType
 from typing import Any, NamedTuple, Union
 
-from destinations import Destination, WriterLock, destination_url, open_destination
+from destinations import Destination, WriterLock, destination_url
 
-from . import _exit
-from ._batch_buffer import BatchBuffer
-from ._batch_writer import BatchWriter
-from ._errors import DestinationError, HandedOver, PersistLogError, WriterConflict
-from ._format import constants as F
-from ._format.codec import Codec
-from ._format.crypt import Keyring
-from ._format.signing import Checkpoints
-from ._handover import HandoverRequest, HandoverWatch
-from ._restore import RestoreResult
-from ._retention import Retention
-from ._rotation import EnumerateAll, Hold, Rotator
-from ._runtime import runtime, weak_method
-from ._secondaries import ATTACH_WAIT, Secondary, SecondaryLag
-from ._writer_lease import WriterLease
-from ._writer_lease import release_writer_lock as release_writer_lock
+from .._errors import DestinationError, HandedOver, PersistLogError, WriterConflict
+from .._format import constants as F
+from .._format.codec import Codec
+from .._format.signing import Checkpoints
+from .._restore import RestoreResult
+from .._runtime import runtime, weak_method
+from . import at_exit
+from .batch_buffer import BatchBuffer
+from .batch_writer import BatchWriter
+from .handover import HandoverRequest, HandoverWatch
+from .retention import Retention
+from .rotation import EnumerateAll, Hold, Rotator
+from .secondaries import ATTACH_WAIT, Secondary, SecondaryLag
+from .settings import LogSettings, destination_at
+from .writer_lease import WriterLease
 
 logger = logging.getLogger("persistlog")
 
-DURABILITY_MODES = ("buffered", "flush", "fsync")
-COMPRESSIONS = {None: F.COMPRESSION_NONE, "gzip": F.COMPRESSION_GZIP, "zstd": F.COMPRESSION_ZSTD}
 LOCAL_FLUSH_INTERVAL = 0.1
 
 # Seconds a call told that the log was handed over waits for the close under way to seal it.
@@ -69,63 +66,6 @@ SecondaryEntry = Union[str, "os.PathLike[str]", tuple[Union[str, "os.PathLike[st
 
 def _not_bool(sync: object) -> TypeError:
     return TypeError(f"sync must be True or False, not {sync!r}")
-
-
-def destination_at(url: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> Destination:
-    """The destination at ``url``, with ``storage_options`` checked to be a dict."""
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError(f"storage_options must be a dict, not {type(storage_options).__name__}")
-    return open_destination(url, **(storage_options or {}))
-
-
-class LogSettings:
-    """Validated write options of one Log."""
-
-    __slots__ = ("durability", "batch_bytes", "segment_bytes", "flush_interval", "compression", "compression_name", "keys",
-                 "share_values")
-
-    def __init__(
-        self,
-        *,
-        durability: str,
-        batch_bytes: int,
-        segment_bytes: int,
-        flush_interval: float | None,
-        compression: str | None,
-        keys: Keyring | None = None,
-        share_values: bool = True,
-    ) -> None:
-        if durability not in DURABILITY_MODES:
-            raise ValueError(f"durability must be one of {DURABILITY_MODES}, not {durability!r}")
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be None, 'gzip' or 'zstd', not {compression!r}")
-        if compression == "zstd":
-            try:
-                import zstandard  # noqa: F401
-            except ImportError:
-                raise ImportError("compression='zstd' needs the zstd extra: pip install 'persistlog[zstd]'") from None
-        for name, value, low in (
-            ("batch_bytes", batch_bytes, 1),
-            ("segment_bytes", segment_bytes, 4096),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, not {value!r}")
-        if batch_bytes > F.MAX_BATCH_BYTES // 2:
-            raise ValueError(f"batch_bytes must be at most {F.MAX_BATCH_BYTES // 2}")
-        if not isinstance(share_values, bool):
-            raise TypeError(f"share_values must be True or False, not {share_values!r}")
-        if flush_interval is not None and (not isinstance(flush_interval, (int, float)) or flush_interval <= 0):
-            raise ValueError(f"flush_interval must be a positive number of seconds or None, not {flush_interval!r}")
-        self.durability = durability
-        self.batch_bytes = batch_bytes
-        self.segment_bytes = segment_bytes
-        self.flush_interval = flush_interval
-        self.compression = COMPRESSIONS[compression]
-        self.compression_name = compression
-        #: The keys record batches are sealed with (None: not encrypted).
-        self.keys = keys
-        #: Whether a chained log stores a large value its snapshot records repeat once.
-        self.share_values = share_values
 
 
 class LogParts(NamedTuple):
@@ -288,7 +228,7 @@ class Log:
             self._abandon()
             raise
         self._registered = True
-        _exit.register(self)
+        at_exit.register(self)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -566,7 +506,7 @@ class Log:
             ResourceWarning,
             source=self._writer,
         )
-        _exit.close_collected(self)
+        at_exit.close_collected(self)
 
     # -- secondaries --------------------------------------------------------------------
 
@@ -707,7 +647,7 @@ class Log:
     def _closed_for_good(self) -> None:
         self._close_done = True
         self.dest.close()
-        _exit.forget(self)
+        at_exit.forget(self)
 
     def _close_left_open(self, rotation_wait: float | None) -> None:
         """Close on behalf of an app that did not (at exit, or once collected)."""
@@ -847,4 +787,4 @@ def parts_of(lg: Log) -> LogParts:
     return LogParts(lg._buffer, lg._writer, lg._rotator, lg._lease, lg._signal_from_loop)
 
 
-__all__ = ["Log", "LogParts", "LogSettings", "SecondaryEntry", "destination_at", "parts_of"]
+__all__ = ["Log", "LogParts", "SecondaryEntry", "parts_of"]

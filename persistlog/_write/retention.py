@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from destinations import Destination
 
-from ._errors import PersistLogError
-from ._format import constants as F
-from ._format.crypt import OPAQUE
-from ._format.decoder import Damage, parse_batch_header
-from ._positions import PositionStore
-from ._reader import LogScanner, list_logs
+from .._errors import PersistLogError
+from .._format import constants as F
+from .._format.crypt import OPAQUE
+from .._format.decoder import Damage, parse_batch_header
+from .._positions import PositionStore
+from .._reader import LogScanner, list_logs
 
 logger = logging.getLogger("persistlog")
 

@@ -32,11 +32,11 @@ from typing import Any
 
 from destinations import AppendFile, Destination
 
-from ._errors import WriterConflict
-from ._format import encoder
-from ._format import constants as F
-from ._format.chain import head_after, segment_version
-from ._reader import last_segment_state, list_logs, newer_log
+from .._errors import WriterConflict
+from .._format import encoder
+from .._format import constants as F
+from .._format.chain import head_after, segment_version
+from .._reader import last_segment_state, list_logs, newer_log
 
 logger = logging.getLogger("persistlog")
 

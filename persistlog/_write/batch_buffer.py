@@ -2,7 +2,7 @@
 
 A :class:`BatchBuffer` holds the records appended since the last batch, encoded one after
 another into one growing buffer (a CBOR sequence, which saves a bytes object per record),
-and the LSN counter. It touches no storage: the batch writer (``_batch_writer``) takes
+and the LSN counter. It touches no storage: the batch writer (``_write.batch_writer``) takes
 what it holds with :meth:`BatchBuffer.detach` and frames it into a batch.
 
 The cut rule says when the call that appended a record hands its batch over itself
@@ -33,8 +33,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._format import constants as F
-from ._format.codec import Codec, check_depth, encode_error, records_list
+from .._format import constants as F
+from .._format.codec import Codec, check_depth, encode_error, records_list
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
 _MAX_DEPTH = F.MAX_RECORD_DEPTH
@@ -97,8 +97,8 @@ class _Staging:
 
 
 try:
-    from ._cbor_json import Staging as _CStaging
-    from ._cbor_json import encode_subset as _encode_subset
+    from .._cbor_json import Staging as _CStaging
+    from .._cbor_json import encode_subset as _encode_subset
 except ImportError:  # built without a C compiler (or before the type existed)
     _CStaging = None
     _encode_subset = None

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ._errors import LogFailedError
+from .._errors import LogFailedError
 
 logger = logging.getLogger("persistlog")
 

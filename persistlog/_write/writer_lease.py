@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from destinations import LockHeld, WriterLock
 
-from ._errors import WriterConflict
+from .._errors import WriterConflict
 
 logger = logging.getLogger("persistlog")
 

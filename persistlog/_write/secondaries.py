@@ -38,14 +38,14 @@ from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from ._errors import WriterConflict
-from ._format import encoder
-from ._format import constants as F
-from ._format.chain import link_of
-from ._reader import end_and_chain, header_record, list_logs, newest_seal
-from ._restore import reach
-from ._retention import Retention, apply_retention
-from ._segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
+from .._errors import WriterConflict
+from .._format import encoder
+from .._format import constants as F
+from .._format.chain import link_of
+from .._reader import end_and_chain, header_record, list_logs, newest_seal
+from .._restore import reach
+from .retention import Retention, apply_retention
+from .segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 
 logger = logging.getLogger("persistlog")
 

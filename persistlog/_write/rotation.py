@@ -30,16 +30,16 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from ._batch_buffer import NEVER
-from ._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
-from ._format.codec import records_list
-from ._retention import Retention, apply_retention
-from ._runtime import Job, Runtime, weak_method
-from ._segment_writer import move_pointer
+from .._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
+from .._format.codec import records_list
+from .._runtime import Job, Runtime, weak_method
+from .batch_buffer import NEVER
+from .retention import Retention, apply_retention
+from .segment_writer import move_pointer
 
 if TYPE_CHECKING:
-    from ._batch_buffer import BatchBuffer
-    from ._batch_writer import BatchWriter
+    from .batch_buffer import BatchBuffer
+    from .batch_writer import BatchWriter
 
 logger = logging.getLogger("persistlog")
 

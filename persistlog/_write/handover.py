@@ -29,11 +29,11 @@ from typing import Any
 
 from destinations import Destination, LockHeld, WriterLock
 
-from ._errors import WriterConflict
-from ._format import constants as F
-from ._format.decoder import parse_handover_request
-from ._format.encoder import handover_request
-from ._lock_holder import read_holder
+from .._errors import WriterConflict
+from .._format import constants as F
+from .._format.decoder import parse_handover_request
+from .._format.encoder import handover_request
+from .lock_holder import read_holder
 
 logger = logging.getLogger("persistlog")
 

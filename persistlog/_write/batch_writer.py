@@ -1,8 +1,8 @@
 """The batch writer: batches from the buffer to the segment writer, syncs, the flush timer.
 
 A :class:`BatchWriter` owns everything one Log writes to storage: the segment writer of
-the log being written (one per log generation, ``_segment_writer``), the secondaries'
-fan-out, the written and durable LSNs, the group commit (``_group_commit``) that shares
+the log being written (one per log generation, ``_write.segment_writer``), the secondaries'
+fan-out, the written and durable LSNs, the group commit (``_write.group_commit``) that shares
 each sync among the threads waiting for durability, and the flush timer's state. It also
 owns the Log's failed and closed state (:meth:`BatchWriter.check`), since a storage
 error is what fails a Log.
@@ -11,7 +11,7 @@ Its lock, ``io_lock`` (re-entrant), serialises everything that touches storage, 
 batches reach each destination in LSN order. A caller that needs its record written
 takes it; whoever holds it writes *all* records appended so far in one batch
 (:meth:`BatchWriter.write_pending`), and callers that queued behind it find their record
-already covered. The buffer's lock (``_batch_buffer``) is only ever taken inside
+already covered. The buffer's lock (``_write.batch_buffer``) is only ever taken inside
 ``io_lock``, never the other way round.
 
 Only an ``OSError`` from storage fails the writer (:meth:`BatchWriter.guarded`); anything
@@ -37,19 +37,19 @@ from typing import TYPE_CHECKING, Any
 
 from destinations import Destination
 
-from ._batch_buffer import BatchBuffer, Taking, snapshot_count, snapshot_offsets
-from ._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
-from ._format import encoder
-from ._format import constants as F
-from ._format.crypt import Keyring
-from ._format.shared_values import SharedValues
-from ._format.signing import Checkpoints
-from ._group_commit import GroupCommit
-from ._segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
+from .._errors import HandedOver, LogClosedError, LogFailedError, WriterConflict
+from .._format import encoder
+from .._format import constants as F
+from .._format.crypt import Keyring
+from .._format.shared_values import SharedValues
+from .._format.signing import Checkpoints
+from .batch_buffer import BatchBuffer, Taking, snapshot_count, snapshot_offsets
+from .group_commit import GroupCommit
+from .segment_writer import ObjectSegments, SegmentWriter, note_closed, now_us, seal_batch, segment_writer
 
 if TYPE_CHECKING:
-    from ._runtime import Job
-    from ._secondaries import Secondary
+    from .._runtime import Job
+    from .secondaries import Secondary
 
 logger = logging.getLogger("persistlog")
 
