@@ -1,7 +1,7 @@
 """What each lever of the restore path gives: ``python bench/levers.py [N] [REPEATS] [SHAPES]``.
 
 Not part of ``make bench``: it reaches into persistlog's internals (``persistlog._format.decoder``,
-``persistlog._restore``) to turn each lever off in turn, and builds a variant of the C
+``persistlog._read.restore``) to turn each lever off in turn, and builds a variant of the C
 extension without string sharing (needs a C compiler). Each variant restores the same log
 (written with ``update()`` per record, so ~1 MiB batches) into a dict with
 ``replay_batch=``; best of REPEATS runs in CPU seconds, round-robin. bench/README.md
@@ -24,8 +24,8 @@ from importlib.machinery import ExtensionFileLoader
 from typing import Any
 
 import persistlog
-from persistlog import _restore
 from persistlog._format import decoder
+from persistlog._read import restore as _restore
 
 import shapes
 

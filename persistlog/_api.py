@@ -21,9 +21,9 @@ from ._format import constants as F
 from ._format.codec import Codec, check_depth
 from ._format.crypt import Keyring, keyring
 from ._format.signing import SIGN_INTERVAL, Checkpoints, Signer
-from ._reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
-from ._restore import RestoreResult, restore_from
-from ._seek import lsn_at_time, utc_micros
+from ._read.reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
+from ._read.restore import RestoreResult, restore_from
+from ._read.seek import lsn_at_time, utc_micros
 from ._write.handover import HANDOVER_TIMEOUT, ask_for_handover
 from ._write.log import Log
 from ._write.retention import Retention

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 from ._api import OpenOptions, open_log, restore
 from ._errors import HandedOver
 from ._loop_commit import LoopCommit
-from ._restore import RestoreResult
+from ._read.restore import RestoreResult
 from ._write.log import HANDOVER_SEAL_WAIT, Log, parts_of
 from ._write.rotation import EnumerateAll, Hold
 from ._write.secondaries import SecondaryLag

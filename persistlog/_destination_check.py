@@ -18,8 +18,8 @@ from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogI
 from ._format import constants as F
 from ._format.crypt import Keyring
 from ._log_check import LogCheck
-from ._reader import declares_gap, list_logs, read_pointer
-from ._restore import end_missing
+from ._read.reader import declares_gap, list_logs, read_pointer
+from ._read.restore import end_missing
 from ._write.lock_holder import read_holder
 
 

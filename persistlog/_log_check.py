@@ -2,7 +2,7 @@
 all of it, turned into a :class:`LogInfo` whose problems are located precisely enough to cut
 at.
 
-The scan is the one shared reader's (:class:`~persistlog._reader.LogScanner`): nothing here
+The scan is the one shared reader's (:class:`~persistlog._read.reader.LogScanner`): nothing here
 knows the byte layout, positions come from the reader. With ``check_records`` every app
 record is decoded too, so undecodable CBOR is found. Memory stays bounded: only counters and
 a few positions are kept, never the records.
@@ -20,7 +20,7 @@ from ._format import constants as F
 from ._format.codec import Codec
 from ._format.crypt import OPAQUE, Keyring
 from ._format.decoder import Damage, parse_batch_header
-from ._reader import LogScanner
+from ._read.reader import LogScanner
 
 
 class LogCheck:

@@ -43,7 +43,7 @@ from ._format import constants as F
 from ._format.codec import Codec
 from ._format.crypt import Keyring
 from ._format.decoder import Damage, parse_log_set_marker
-from ._restore import RestoreResult
+from ._read.restore import RestoreResult
 from ._write.log import Log
 from ._write.rotation import EnumerateAll
 

@@ -46,11 +46,11 @@ from ._api import restore as restore_log
 from ._errors import CorruptLogError, QuotaExceeded
 from ._format.codec import Codec
 from ._format.crypt import Keyring, keyring
-from ._record_reader import RecordNotWritten, RecordReader
-from ._restore import RestoreResult
+from ._read.record_reader import RecordNotWritten, RecordReader
+from ._read.restore import RestoreResult
 from ._write.log import Log
-from ._write.settings import destination_at
 from ._write.secondaries import SecondaryLag
+from ._write.settings import destination_at
 
 if TYPE_CHECKING:
     from ._log_set import LogSet

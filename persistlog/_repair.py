@@ -44,7 +44,7 @@ from ._errors import DestinationError, WriterConflict
 from ._format import encoder
 from ._format import constants as F
 from ._format.crypt import Keyring
-from ._reader import closed_end
+from ._read.reader import closed_end
 
 logger = logging.getLogger("persistlog")
 

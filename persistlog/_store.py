@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import Any, Unpack
 
 from ._api import StoreOptions, open_log
-from ._restore import RestoreResult
+from ._read.restore import RestoreResult
 from ._write.log import Log
 from ._write.rotation import Emit
 from ._write.secondaries import SecondaryLag

@@ -78,7 +78,6 @@ from __future__ import annotations
 from ._audit import Audit, audit
 from ._destination_check import inspect_destination
 from ._destination_report import DestinationReport, Problem, Progress, SignedHead
-from ._follower import first_lsn, gap_closed
 from ._format.codec import plain_loads
 from ._format.constants import (
     BATCH_HEADER_SIZE,
@@ -118,8 +117,9 @@ from ._format.jsonify import (
 )
 from ._format.signing import Verifier, load_public_key
 from ._log_set import read_marker as read_log_set_marker
-from ._probe import SegmentProbe, next_segments
-from ._reader import (
+from ._read.follower import first_lsn, gap_closed
+from ._read.probe import SegmentProbe, next_segments
+from ._read.reader import (
     RECOVERY_MODES,
     RESYNC_ATTEMPTS,
     WALK_CHUNK,
@@ -141,10 +141,10 @@ from ._reader import (
     walk_headers,
     why_no_log,
 )
+from ._read.restore import ReplayPlan, gc_pause
+from ._read.restore import plan as replay_plan
+from ._read.seek import LogView, Place, seek, utc_micros
 from ._repair import RepairPlan, RepairResult, repair
-from ._restore import ReplayPlan, gc_pause
-from ._restore import plan as replay_plan
-from ._seek import LogView, Place, seek, utc_micros
 from ._usage import UsageError, parse_storage_options
 from ._write.lock_holder import Holder
 

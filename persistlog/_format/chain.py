@@ -8,7 +8,7 @@ started (and linked to that head) before the seal was written.
 
 The writer's end is the segment writer's ``head`` (``_write.segment_writer``): the hash of the
 last batch it holds, what the next batch links to. The reading end is in
-``_reader.LogScanner``, which checks every link as it reads.
+``reader.LogScanner``, which checks every link as it reads.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Bytes to batches: the one decoder that the writer, restore, follower, CLI and Spark reader
-share. Pure functions over buffers; where the bytes come from is ``_reader``'s job.
+share. Pure functions over buffers; where the bytes come from is ``_read.reader``'s job.
 
 A check that fails raises :class:`Damage` with the offset and a reason. Whether that damage
 is a crash artefact (a torn tail) or corruption depends on where it sits in the log, which

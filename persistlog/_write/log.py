@@ -40,7 +40,7 @@ from .._errors import DestinationError, HandedOver, PersistLogError, WriterConfl
 from .._format import constants as F
 from .._format.codec import Codec
 from .._format.signing import Checkpoints
-from .._restore import RestoreResult
+from .._read.restore import RestoreResult
 from .._runtime import runtime, weak_method
 from . import at_exit
 from .batch_buffer import BatchBuffer

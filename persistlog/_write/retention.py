@@ -23,8 +23,8 @@ from .._errors import PersistLogError
 from .._format import constants as F
 from .._format.crypt import OPAQUE
 from .._format.decoder import Damage, parse_batch_header
-from .._positions import PositionStore
-from .._reader import LogScanner, list_logs
+from .._read.positions import PositionStore
+from .._read.reader import LogScanner, list_logs
 
 logger = logging.getLogger("persistlog")
 

@@ -42,8 +42,8 @@ from .._errors import WriterConflict
 from .._format import encoder
 from .._format import constants as F
 from .._format.chain import link_of
-from .._reader import end_and_chain, header_record, list_logs, newest_seal
-from .._restore import reach
+from .._read.reader import end_and_chain, header_record, list_logs, newest_seal
+from .._read.restore import reach
 from .retention import Retention, apply_retention
 from .segment_writer import SegmentWriter, fence_newest_log, move_pointer, now_us, seal_batch, segment_writer
 

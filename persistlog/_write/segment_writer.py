@@ -36,7 +36,7 @@ from .._errors import WriterConflict
 from .._format import encoder
 from .._format import constants as F
 from .._format.chain import head_after, segment_version
-from .._reader import last_segment_state, list_logs, newer_log
+from .._read.reader import last_segment_state, list_logs, newer_log
 
 logger = logging.getLogger("persistlog")
 

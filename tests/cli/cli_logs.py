@@ -21,7 +21,7 @@ import persistlog
 from destinations import open_destination
 from kv_app import apply
 from persistlog._format import constants as F
-from persistlog._reader import LogScanner, list_logs
+from persistlog._read.reader import LogScanner, list_logs
 from persistlog.cli import main
 
 

@@ -119,7 +119,7 @@ def fill_disk(lg: persistlog.Log) -> None:
 def _scanners(url: str, only: int | None = None) -> Iterator[Any]:
     """A LogScanner per log at ``url`` (or for log ``only``), in order; iterate each."""
     from destinations import open_destination
-    from persistlog._reader import LogScanner, list_logs
+    from persistlog._read.reader import LogScanner, list_logs
 
     dest = open_destination(url)
     for seq, segments in sorted(list_logs(dest).items()):

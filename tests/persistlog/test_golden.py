@@ -33,7 +33,7 @@ import persistlog
 from destinations import open_destination
 from persistlog._format import constants as F
 from persistlog._format.crypt import Keyring
-from persistlog._reader import LogScanner, list_logs
+from persistlog._read.reader import LogScanner, list_logs
 
 GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
 UPDATE = os.environ.get("PERSISTLOG_UPDATE_GOLDEN") == "1"

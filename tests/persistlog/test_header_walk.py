@@ -19,7 +19,7 @@ from secondary_crashes import crash_with_secondary_behind, restart_and_crash_on_
 import persistlog
 from destinations import Destination, open_destination
 from persistlog._format import constants as F
-from persistlog._reader import WALK_CHUNK, LogScanner, declares_gap, list_logs, walk_headers
+from persistlog._read.reader import WALK_CHUNK, LogScanner, declares_gap, list_logs, walk_headers
 
 
 class CountingReads:

@@ -177,7 +177,7 @@ def test_rotate_bytes_overshoots_by_at_most_one_batch(log_dir: str) -> None:
         for i in range(4000):
             lg.update({"k": i, "v": value})
     from destinations import open_destination
-    from persistlog._reader import list_logs
+    from persistlog._read.reader import list_logs
 
     dest = open_destination(log_dir)
     sizes = {seq: sum(dest.size(name) for _, name in segs) for seq, segs in list_logs(dest).items()}

@@ -18,7 +18,7 @@ import pytest
 
 import persistlog
 from destinations import open_destination
-from persistlog._reader import last_segment_state, list_logs
+from persistlog._read.reader import last_segment_state, list_logs
 from persistlog._runtime import runtime
 from log_files import is_sealed_log
 from threads import wait_until

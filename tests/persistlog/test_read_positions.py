@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import persistlog
 from destinations import open_destination
 from persistlog import Cursor, PositionError
-from persistlog._seek import seek
+from persistlog._read.seek import seek
 from hypothesis_profiles import active_profile
 from log_files import crash, segment_files
 from s3_requests import S3Requests
@@ -276,7 +276,7 @@ def test_a_seek_on_s3_reads_headers_not_the_segments_before_it(
     write_log(url, ops, durability="flush", storage_options=s3_storage_options)
     so = {**s3_storage_options, "skip_instance_cache": True}
     full = list(persistlog.read(url, storage_options=so))
-    segments = sum(len(s) for s in persistlog._reader.list_logs(open_destination(url, **so)).values())
+    segments = sum(len(s) for s in persistlog._read.reader.list_logs(open_destination(url, **so)).values())
     assert segments > 30  # one object per flush
     lsn = full[len(full) * 2 // 3].lsn
     dest = open_destination(url, **so)

@@ -11,7 +11,7 @@ from batches import update_batch_by_hand
 from log_files import flip_bit, segment_files
 
 import persistlog
-from persistlog._record_reader import RecordNotWritten, RecordReader
+from persistlog._read.record_reader import RecordNotWritten, RecordReader
 from persistlog._write.log import parts_of
 
 

@@ -20,7 +20,7 @@ import pytest
 import persistlog
 from destinations import open_destination
 from persistlog._format import constants
-from persistlog._reader import list_logs, newest_seal
+from persistlog._read.reader import list_logs, newest_seal
 
 
 class Counted:

@@ -29,7 +29,7 @@ from secondary_crashes import (
 
 import persistlog
 from destinations import open_destination
-from persistlog._reader import list_logs, newest_seal
+from persistlog._read.reader import list_logs, newest_seal
 from threads import wait_until
 
 KINDS = ("local", "memory")

@@ -32,7 +32,7 @@ from persistlog._format import constants as F
 from persistlog._format.decoder import Damage
 from persistlog._format.jsonify import from_json
 from persistlog._format.shared_values import SharedValues, ValueTable
-from persistlog._reader import LogScanner, list_logs
+from persistlog._read.reader import LogScanner, list_logs
 from persistlog.cli import main
 
 BIG = [b"\x07" * 300 + bytes(range(40)), ("payload %d " % 7) * 40, "é" * 130, b"\x00" * 125]

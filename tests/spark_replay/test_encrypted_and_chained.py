@@ -238,9 +238,9 @@ def test_the_stream_tail_checks_an_encrypted_batch_without_its_key(logs: tuple[s
     """What the header walk of a micro-batch could not take (a batch that grew past the size
     it read) is checked for its structure only: the driver holds no key."""
     from destinations import open_destination
-    from persistlog._cursor import Cursor
+    from persistlog._read.cursor import Cursor
     from persistlog._format import constants as F
-    from persistlog._reader import walk_headers
+    from persistlog._read.reader import walk_headers
     from spark_replay._tail import Tail
 
     _plain, sealed = logs

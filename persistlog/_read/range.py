@@ -1,7 +1,7 @@
 """Reading the records of a destination's logs between two positions: ``persistlog.read``.
 
-The start is found by :mod:`persistlog._seek` (headers only); from there the one reader,
-:class:`~persistlog._reader.LogScanner`, reads batch by batch with every check a restore
+The start is found by :mod:`persistlog._read.seek` (headers only); from there the one reader,
+:class:`~persistlog._read.reader.LogScanner`, reads batch by batch with every check a restore
 makes, across segments and logs, and stops at the bound. Memory is one batch. Unlike a
 restore, it starts anywhere: what it yields is the log's history from there, not a state
 (a log's snapshot records, written by a rotation, come in LSN order like any other).
@@ -17,15 +17,15 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ._cursor import Cursor
-from ._errors import CodecError, CorruptLogError
-from ._format.codec import Codec
-from ._format.constants import segment_name
-from ._format.crypt import Keyring, keyring
-from ._format.decoder import Damage
-from ._reader import LogScanner, declares_gap
-from ._resume import records_to_skip
-from ._seek import LogView, Place, seek, utc_micros
+from .._errors import CodecError, CorruptLogError
+from .._format.codec import Codec
+from .._format.constants import segment_name
+from .._format.crypt import Keyring, keyring
+from .._format.decoder import Damage
+from .cursor import Cursor
+from .reader import LogScanner, declares_gap
+from .resume import records_to_skip
+from .seek import LogView, Place, seek, utc_micros
 
 #: A position: an LSN, an aware datetime (a commit time), a :class:`Cursor`, or None
 #: (the oldest retained record as a start, the end as a stop).

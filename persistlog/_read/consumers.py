@@ -45,17 +45,17 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ._cursor import Cursor
-from ._errors import DestinationError, PersistLogError, ResetRequired
-from ._follower import FollowedBatch, Follower, follow
-from ._format import constants as F
-from ._format.codec import Codec
-from ._format.decoder import Damage, parse_segment_header
-from ._positions import PositionStore, check_consumer_name
-from ._reader import list_logs
-from ._restore import plan
-from ._resume import records_to_skip
-from ._runtime import runtime, weak_method
+from .._errors import DestinationError, PersistLogError, ResetRequired
+from .._format import constants as F
+from .._format.codec import Codec
+from .._format.decoder import Damage, parse_segment_header
+from .._runtime import runtime, weak_method
+from .cursor import Cursor
+from .follower import FollowedBatch, Follower, follow
+from .positions import PositionStore, check_consumer_name
+from .reader import list_logs
+from .restore import plan
+from .resume import records_to_skip
 
 logger = logging.getLogger("persistlog")
 
@@ -182,7 +182,7 @@ class Consumer:
         """``async for batch in consumer`` over a consumer made by
         :meth:`ConsumerGroup.add_async`: its position moves past a batch when the loop
         asks for the next one; leaving the loop stops it before the batch it was in."""
-        from ._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+        from .._async_consumers import LoopHandoff  # asyncio only for asyncio apps
 
         if not isinstance(self._handler, LoopHandoff):
             raise TypeError(f"consumer {self.name!r} has a handler; ConsumerGroup.add_async() makes one to iterate")
@@ -393,7 +393,7 @@ class ConsumerGroup:
         the poller thread. Call from a coroutine."""
         import asyncio
 
-        from ._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+        from .._async_consumers import LoopHandoff  # asyncio only for asyncio apps
 
         return self._add(name, LoopHandoff(asyncio.get_running_loop(), self._stopping), on_reset, position)
 

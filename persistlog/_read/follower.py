@@ -5,7 +5,7 @@ A follower first restores (or resumes from a cursor), then polls for what is new
 * the growing segment of a local log: its size, and new batches from the cursor's offset
   (never re-reading from the start);
 * new segments and new logs: the names that may come next (the log's next segment, the
-  next log's first), asked for by :class:`~persistlog._probe.SegmentProbe`, never listed.
+  next log's first), asked for by :class:`~persistlog._read.probe.SegmentProbe`, never listed.
 
 An idle poll therefore costs a size check of a growing local segment and two more (on an
 object store, whose segments never grow: two ``HEAD`` requests, or a ``HEAD`` and a read of
@@ -29,15 +29,15 @@ from typing import Any
 
 from destinations import Destination, open_destination
 
-from ._cursor import Cursor
-from ._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
-from ._format import constants as F
-from ._format.codec import Codec
-from ._format.crypt import Keyring, keyring
-from ._format.decoder import Damage, parse_segment_header
-from ._format.shared_values import ValueTable
-from ._probe import SegmentProbe
-from ._reader import (
+from .._errors import CorruptLogError, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
+from .._format import constants as F
+from .._format.codec import Codec
+from .._format.crypt import Keyring, keyring
+from .._format.decoder import Damage, parse_segment_header
+from .._format.shared_values import ValueTable
+from .cursor import Cursor
+from .probe import SegmentProbe
+from .reader import (
     RESYNC_ATTEMPTS,
     Batch,
     LogScanner,
@@ -48,8 +48,8 @@ from ._reader import (
     read_pointer,
     retention_gap,
 )
-from ._restore import gc_pause, gone_since, plan, scan_from
-from ._resume import records_to_skip
+from .restore import gc_pause, gone_since, plan, scan_from
+from .resume import records_to_skip
 
 logger = logging.getLogger("persistlog")
 
@@ -327,7 +327,7 @@ class Follower:
         on the loop's default executor and the waits between polls on the loop. ``replay``
         or ``replay_batch``, if given, run on that executor's thread: an asyncio app
         usually passes neither and applies ``batch.records`` in the loop's body."""
-        from ._async_follow import followed_batches  # asyncio only for asyncio apps
+        from .._async_follow import followed_batches  # asyncio only for asyncio apps
 
         return followed_batches(self)
 

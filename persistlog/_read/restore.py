@@ -18,12 +18,12 @@ from typing import Any
 
 from destinations import Destination
 
-from ._errors import CodecError, CorruptLogError, DestinationError, PersistLogError
-from ._format.codec import Codec
-from ._format.constants import FIRST_LSN, HEADER_AFTER_GAP, segment_name
-from ._format.crypt import OPAQUE, Keyring
-from ._format.decoder import Damage
-from ._reader import (
+from .._errors import CodecError, CorruptLogError, DestinationError, PersistLogError
+from .._format.codec import Codec
+from .._format.constants import FIRST_LSN, HEADER_AFTER_GAP, segment_name
+from .._format.crypt import OPAQUE, Keyring
+from .._format.decoder import Damage
+from .reader import (
     Batch,
     LogScanner,
     LogState,
@@ -38,7 +38,7 @@ from ._reader import (
     no_log,
     read_pointer,
 )
-from ._seek import seek
+from .seek import seek
 
 logger = logging.getLogger("persistlog")
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from destinations import Destination, open_destination
 
-from ._cursor import Cursor
-from ._errors import CorruptLogError, DestinationError
-from ._format import encoder
-from ._format import constants as F
-from ._format.decoder import parse_consumer_position
+from .._errors import CorruptLogError, DestinationError
+from .._format import encoder
+from .._format import constants as F
+from .._format.decoder import parse_consumer_position
+from .cursor import Cursor
 
 logger = logging.getLogger("persistlog")
 

@@ -3,7 +3,7 @@
 A cursor names the next byte to read (log seq, segment, byte offset) and the LSN the next
 record carries; it is a small string or dict an app keeps beside its own state. Besides
 the cursors followers hand out, :meth:`Cursor.earliest`, :meth:`Cursor.at_lsn` and
-:meth:`Cursor.at_time` find one from a position (``_seek.py``), for :func:`persistlog.follow`
+:meth:`Cursor.at_time` find one from a position (``_read/seek.py``), for :func:`persistlog.follow`
 and :func:`persistlog.read`.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from destinations import open_destination
 
-from ._seek import Place, seek
+from .seek import Place, seek
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Cursor:
 
     @classmethod
     def from_place(cls, place: Place) -> Cursor:
-        """The cursor at a place :mod:`persistlog._seek` found."""
+        """The cursor at a place :mod:`persistlog._read.seek` found."""
         return cls(place.log, place.segment, place.offset, place.lsn)
 
     @classmethod

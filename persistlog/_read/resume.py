@@ -15,10 +15,10 @@ import bisect
 
 from destinations import Destination
 
-from ._format import constants as F
-from ._format.crypt import OPAQUE
-from ._format.decoder import Damage, parse_batch_header
-from ._reader import LogScanner
+from .._format import constants as F
+from .._format.crypt import OPAQUE
+from .._format.decoder import Damage, parse_batch_header
+from .reader import LogScanner
 
 
 def records_to_skip(dest: Destination, log: int, segment: int, offset: int, next_lsn: int) -> int:

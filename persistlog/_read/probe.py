@@ -20,9 +20,9 @@ import time
 
 from destinations import Destination
 
-from ._cursor import Cursor
-from ._format import constants as F
-from ._reader import SegmentGone, list_logs, read_pointer
+from .._format import constants as F
+from .cursor import Cursor
+from .reader import SegmentGone, list_logs, read_pointer
 
 #: How often an idle reader reads CURRENT, looking for a later log that skipped the next
 #: number (one that follows a gap on a secondary) or for retention having moved past it.

@@ -19,12 +19,12 @@ from typing import Any
 
 from destinations import Destination
 
-from ._errors import CorruptLogError, DestinationError
-from ._format import constants as F
-from ._format.crypt import Keyring
-from ._format.decoder import Damage, check_payload, parse_batch_header, parse_segment_header, split_records
-from ._format.shared_values import ValueTable
-from ._reader import Batch, LogScanner, list_logs
+from .._errors import CorruptLogError, DestinationError
+from .._format import constants as F
+from .._format.crypt import Keyring
+from .._format.decoder import Damage, check_payload, parse_batch_header, parse_segment_header, split_records
+from .._format.shared_values import ValueTable
+from .reader import Batch, LogScanner, list_logs
 
 logger = logging.getLogger("persistlog")
 

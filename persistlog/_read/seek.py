@@ -20,10 +20,10 @@ from datetime import datetime, timedelta, timezone
 
 from destinations import Destination
 
-from ._errors import CorruptLogError, LogNotFoundError, PositionError
-from ._format import constants as F
-from ._format.decoder import BatchHeader, Damage, parse_batch_header, parse_segment_header
-from ._reader import RESYNC_ATTEMPTS, SegmentBytes, declares_gap, list_logs, no_log, outrun
+from .._errors import CorruptLogError, LogNotFoundError, PositionError
+from .._format import constants as F
+from .._format.decoder import BatchHeader, Damage, parse_batch_header, parse_segment_header
+from .reader import RESYNC_ATTEMPTS, SegmentBytes, declares_gap, list_logs, no_log, outrun
 
 # Reads while walking batch headers of a local segment: most of a window is payload the
 # walk skips, so windows are small; objects are read whole in one GET (SegmentBytes.open).
@@ -48,7 +48,7 @@ class Place:
 
     @property
     def scan_start(self) -> tuple[int, int, int]:
-        """Where a :class:`~persistlog._reader.LogScanner` resumes to read from here."""
+        """Where a :class:`~persistlog._read.reader.LogScanner` resumes to read from here."""
         return self.segment, self.offset, self.batch_lsn
 
 

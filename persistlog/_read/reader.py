@@ -17,11 +17,11 @@ from typing import Any
 
 from destinations import Destination, subdirectories
 
-from ._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
-from ._format import constants as F
-from ._format.chain import hash_soon
-from ._format.crypt import OPAQUE, Keyring
-from ._format.decoder import (
+from .._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
+from .._format import constants as F
+from .._format.chain import hash_soon
+from .._format.crypt import OPAQUE, Keyring
+from .._format.decoder import (
     BatchHeader,
     Damage,
     RecordKinds,
@@ -37,8 +37,8 @@ from ._format.decoder import (
     record_slices,
     split_records,
 )
-from ._format.encoder import seal_trailer
-from ._format.shared_values import ValueTable
+from .._format.encoder import seal_trailer
+from .._format.shared_values import ValueTable
 
 logger = logging.getLogger("persistlog")
 
@@ -1060,7 +1060,7 @@ def chain_end(
     scan of its last segments (``last``: what :func:`last_segment_state` found in the
     last one, if the caller scanned it); the genesis link when there is no log or it is
     not chained."""
-    from ._format.chain import GENESIS
+    from .._format.chain import GENESIS
 
     if not logs:
         return GENESIS
