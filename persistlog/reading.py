@@ -75,9 +75,6 @@ Command lines
 
 from __future__ import annotations
 
-from ._audit import Audit, audit
-from ._destination_check import inspect_destination
-from ._destination_report import DestinationReport, Problem, Progress, SignedHead
 from ._format.codec import plain_loads
 from ._format.constants import (
     BATCH_HEADER_SIZE,
@@ -116,6 +113,10 @@ from ._format.jsonify import (
     to_json,
 )
 from ._format.signing import Verifier, load_public_key
+from ._inspect.audit import Audit, audit
+from ._inspect.destination_check import inspect_destination
+from ._inspect.destination_report import DestinationReport, Problem, Progress, SignedHead
+from ._inspect.repair import RepairPlan, RepairResult, repair
 from ._log_set import read_marker as read_log_set_marker
 from ._read.follower import first_lsn, gap_closed
 from ._read.probe import SegmentProbe, next_segments
@@ -144,7 +145,6 @@ from ._read.reader import (
 from ._read.restore import ReplayPlan, gc_pause
 from ._read.restore import plan as replay_plan
 from ._read.seek import LogView, Place, seek, utc_micros
-from ._repair import RepairPlan, RepairResult, repair
 from ._usage import UsageError, parse_storage_options
 from ._write.lock_holder import Holder
 

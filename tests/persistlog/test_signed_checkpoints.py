@@ -27,8 +27,8 @@ from kv_app import App
 
 import persistlog
 from destinations import open_destination
-from persistlog._audit import audit
-from persistlog._destination_check import inspect_destination
+from persistlog._inspect.audit import audit
+from persistlog._inspect.destination_check import inspect_destination
 from persistlog._format import constants as F
 from persistlog._format.signing import Signer, Verifier
 from persistlog._write.log import parts_of

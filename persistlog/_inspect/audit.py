@@ -1,7 +1,7 @@
 """What signed checkpoints prove about a destination, given its public key: the part of
 ``persistlog verify --public-key`` (one or more keys) beyond the checks every reader makes.
 
-:func:`audit` takes the :class:`~persistlog._destination_report.DestinationReport` of a
+:func:`audit` takes the :class:`~persistlog._inspect.destination_report.DestinationReport` of a
 whole destination (every link checked) and checks every signature in it. The history is
 *proven* up to the newest signed head when every signature verifies with the key and
 nothing before that head is damaged or breaks the chain: by the links, every byte of every
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._destination_report import CORRUPT, DestinationReport, Problem, SignedHead
-from ._format.signing import Verifier
+from .._format.signing import Verifier
+from .destination_report import CORRUPT, DestinationReport, Problem, SignedHead
 
 
 @dataclass

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._format import constants as F
-from ._write.lock_holder import Holder
+from .._format import constants as F
+from .._write.lock_holder import Holder
 
 TORN = "torn"
 CORRUPT = "corrupt"
@@ -221,7 +221,7 @@ class LogInfo:
 
 @dataclass
 class DestinationReport:
-    """Everything :func:`~persistlog._destination_check.inspect_destination` found at one
+    """Everything :func:`~persistlog._inspect.destination_check.inspect_destination` found at one
     destination."""
 
     url: str

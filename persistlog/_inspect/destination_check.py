@@ -1,11 +1,11 @@
 """Checking a whole destination: what ``persistlog info`` and ``persistlog verify`` print,
 as data.
 
-:func:`inspect_destination` checks every log (:class:`~persistlog._log_check.LogCheck`) and
+:func:`inspect_destination` checks every log (:class:`~persistlog._inspect.log_check.LogCheck`) and
 then what only a whole-destination view can: the seq chain between logs, the LSN chain from
 one log into the next, CURRENT, and where a restore would start and how far it reaches. It
 reads the writer lock's holder too (:func:`~persistlog._write.lock_holder.read_holder`). The
-result is a :class:`~persistlog._destination_report.DestinationReport`.
+result is a :class:`~persistlog._inspect.destination_report.DestinationReport`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 from destinations import Destination
 
-from ._destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
-from ._format import constants as F
-from ._format.crypt import Keyring
-from ._log_check import LogCheck
-from ._read.reader import declares_gap, list_logs, read_pointer
-from ._read.restore import end_missing
-from ._write.lock_holder import read_holder
+from .._format import constants as F
+from .._format.crypt import Keyring
+from .._read.reader import declares_gap, list_logs, read_pointer
+from .._read.restore import end_missing
+from .._write.lock_holder import read_holder
+from .destination_report import CORRUPT, TORN, WARNING, DestinationReport, LogInfo, Problem, Progress
+from .log_check import LogCheck
 
 
 def inspect_destination(

@@ -38,13 +38,13 @@ from typing import Any
 from destinations import Destination, LockHeld
 from destinations.local import LocalDestination, fsync_dir
 
-from ._destination_check import inspect_destination
-from ._destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
-from ._errors import DestinationError, WriterConflict
-from ._format import encoder
-from ._format import constants as F
-from ._format.crypt import Keyring
-from ._read.reader import closed_end
+from .._errors import DestinationError, WriterConflict
+from .._format import encoder
+from .._format import constants as F
+from .._format.crypt import Keyring
+from .._read.reader import closed_end
+from .destination_check import inspect_destination
+from .destination_report import CORRUPT, TORN, DestinationReport, LogInfo, Problem, Progress
 
 logger = logging.getLogger("persistlog")
 

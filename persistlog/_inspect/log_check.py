@@ -15,12 +15,12 @@ from typing import Any
 
 from destinations import Destination
 
-from ._destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
-from ._format import constants as F
-from ._format.codec import Codec
-from ._format.crypt import OPAQUE, Keyring
-from ._format.decoder import Damage, parse_batch_header
-from ._read.reader import LogScanner
+from .._format import constants as F
+from .._format.codec import Codec
+from .._format.crypt import OPAQUE, Keyring
+from .._format.decoder import Damage, parse_batch_header
+from .._read.reader import LogScanner
+from .destination_report import CORRUPT, TORN, LogInfo, Problem, SegmentInfo, SignedHead
 
 
 class LogCheck:
