@@ -75,6 +75,7 @@ Command lines
 
 from __future__ import annotations
 
+from ._apps.log_set import read_marker as read_log_set_marker
 from ._format.codec import plain_loads
 from ._format.constants import (
     BATCH_HEADER_SIZE,
@@ -117,7 +118,6 @@ from ._inspect.audit import Audit, audit
 from ._inspect.destination_check import inspect_destination
 from ._inspect.destination_report import DestinationReport, Problem, Progress, SignedHead
 from ._inspect.repair import RepairPlan, RepairResult, repair
-from ._log_set import read_marker as read_log_set_marker
 from ._read.follower import first_lsn, gap_closed
 from ._read.probe import SegmentProbe, next_segments
 from ._read.reader import (

@@ -182,7 +182,7 @@ class Consumer:
         """``async for batch in consumer`` over a consumer made by
         :meth:`ConsumerGroup.add_async`: its position moves past a batch when the loop
         asks for the next one; leaving the loop stops it before the batch it was in."""
-        from .._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+        from .._aio.async_consumers import LoopHandoff  # asyncio only for asyncio apps
 
         if not isinstance(self._handler, LoopHandoff):
             raise TypeError(f"consumer {self.name!r} has a handler; ConsumerGroup.add_async() makes one to iterate")
@@ -393,7 +393,7 @@ class ConsumerGroup:
         the poller thread. Call from a coroutine."""
         import asyncio
 
-        from .._async_consumers import LoopHandoff  # asyncio only for asyncio apps
+        from .._aio.async_consumers import LoopHandoff  # asyncio only for asyncio apps
 
         return self._add(name, LoopHandoff(asyncio.get_running_loop(), self._stopping), on_reset, position)
 

@@ -327,7 +327,7 @@ class Follower:
         on the loop's default executor and the waits between polls on the loop. ``replay``
         or ``replay_batch``, if given, run on that executor's thread: an asyncio app
         usually passes neither and applies ``batch.records`` in the loop's body."""
-        from .._async_follow import followed_batches  # asyncio only for asyncio apps
+        from .._aio.async_follow import followed_batches  # asyncio only for asyncio apps
 
         return followed_batches(self)
 

@@ -69,8 +69,8 @@ GUARDED = (
     "persistlog/_write/writer_lease.py",
     "persistlog/_write/rotation.py",
     "persistlog/_write/group_commit.py",
-    "persistlog/_loop_commit.py",
-    "persistlog/_async_log.py",
+    "persistlog/_aio/loop_commit.py",
+    "persistlog/_aio/async_log.py",
     "persistlog/_write/segment_writer.py",
 )
 

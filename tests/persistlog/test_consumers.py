@@ -24,7 +24,7 @@ from destinations import open_destination
 from faults import FaultPlan
 from follower_harness import Where, drain, make_where
 from hypothesis_profiles import active_profile
-from persistlog._async_consumers import LoopClosed
+from persistlog._aio.async_consumers import LoopClosed
 from persistlog._format import decoder, encoder
 from persistlog._format import constants as F
 from threads import wait_until

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import persistlog
 from persistlog._format import encoder
 from persistlog._format import constants as F
-from persistlog._log_set import key_name, name_key
+from persistlog._apps.log_set import key_name, name_key
 
 KEYS = [
     "user:1",
@@ -399,7 +399,7 @@ def test_a_set_made_by_another_process_between_the_two_listings_is_taken(
     # Two processes make the same set at once: this one lists the root's files before the
     # other writes the marker, and its directories after the other opened a key in it.
     # The marker comes before any shard, so the set is there: no "is not a log set".
-    import persistlog._log_set as log_set_module
+    import persistlog._apps.log_set as log_set_module
 
     root = tmp_path / "set"
     root.mkdir()  # empty, as the other process found it too

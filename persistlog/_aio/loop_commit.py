@@ -38,14 +38,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ._errors import LogClosedError, LogFailedError, PersistLogError
-from ._write.group_commit import _MAX_GATHER, gather
+from .._errors import LogClosedError, LogFailedError, PersistLogError
+from .._write.group_commit import _MAX_GATHER, gather
 
 if TYPE_CHECKING:
     import asyncio
 
-    from ._write.batch_writer import BatchWriter
-    from ._write.log import Log
+    from .._write.batch_writer import BatchWriter
+    from .._write.log import Log
 
 logger = logging.getLogger("persistlog")
 

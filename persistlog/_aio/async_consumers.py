@@ -15,7 +15,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 
-from ._read.follower import FollowedBatch
+from .._read.follower import FollowedBatch
 
 # How often a poller waiting for the loop looks whether the iteration went away.
 _LOOK = 0.1

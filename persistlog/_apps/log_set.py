@@ -34,18 +34,18 @@ from typing import Any, Unpack
 
 from destinations import Destination, destination_url, open_destination, subdirectories
 
-from ._api import StoreOptions
-from ._api import open_log
-from ._api import restore as restore_log
-from ._errors import DestinationError, LogClosedError, LogNotFoundError, LogSetError, WriterConflict
-from ._format import encoder
-from ._format import constants as F
-from ._format.codec import Codec
-from ._format.crypt import Keyring
-from ._format.decoder import Damage, parse_log_set_marker
-from ._read.restore import RestoreResult
-from ._write.log import Log
-from ._write.rotation import EnumerateAll
+from .._api import StoreOptions
+from .._api import open_log
+from .._api import restore as restore_log
+from .._errors import DestinationError, LogClosedError, LogNotFoundError, LogSetError, WriterConflict
+from .._format import encoder
+from .._format import constants as F
+from .._format.codec import Codec
+from .._format.crypt import Keyring
+from .._format.decoder import Damage, parse_log_set_marker
+from .._read.restore import RestoreResult
+from .._write.log import Log
+from .._write.rotation import EnumerateAll
 
 logger = logging.getLogger("persistlog")
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Generator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._read.follower import FollowedBatch, Follower
+    from .._read.follower import FollowedBatch, Follower
 
 
 async def followed_batches(follower: Follower) -> AsyncIterator[FollowedBatch]:

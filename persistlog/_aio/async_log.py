@@ -4,7 +4,7 @@ An AsyncLog is a :class:`~persistlog.Log` driven from an event loop: a second fr
 the Log's parts (``_write.log.parts_of``), making the same calls as the Log's own methods. The
 loop's thread does CPU work only: it encodes a record into the Log's batch buffer (the
 same buffer, LSN counter and lock the sync API uses) and registers a future. Every storage operation runs
-elsewhere: writes and syncs on the AsyncLog's commit thread (``_loop_commit``), opening,
+elsewhere: writes and syncs on the AsyncLog's commit thread (``_aio.loop_commit``), opening,
 closing, restoring and big records on the loop's default executor, flushes and
 rotations on the workers of persistlog's runtime (``_runtime``). So an fsync never stalls the loop, and one fsync
 resolves every task waiting on it.
@@ -23,13 +23,13 @@ from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from ._api import OpenOptions, open_log, restore
-from ._errors import HandedOver
-from ._loop_commit import LoopCommit
-from ._read.restore import RestoreResult
-from ._write.log import HANDOVER_SEAL_WAIT, Log, parts_of
-from ._write.rotation import EnumerateAll, Hold
-from ._write.secondaries import SecondaryLag
+from .._api import OpenOptions, open_log, restore
+from .._errors import HandedOver
+from .._read.restore import RestoreResult
+from .._write.log import HANDOVER_SEAL_WAIT, Log, parts_of
+from .._write.rotation import EnumerateAll, Hold
+from .._write.secondaries import SecondaryLag
+from .loop_commit import LoopCommit
 
 if TYPE_CHECKING:
     # Imported where it is used at run time: ``import persistlog`` (the CLI, a restore-only

@@ -40,20 +40,20 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from destinations import Destination
 
-from ._api import StoreOptions
-from ._api import open_log
-from ._api import restore as restore_log
-from ._errors import CorruptLogError, QuotaExceeded
-from ._format.codec import Codec
-from ._format.crypt import Keyring, keyring
-from ._read.record_reader import RecordNotWritten, RecordReader
-from ._read.restore import RestoreResult
-from ._write.log import Log
-from ._write.secondaries import SecondaryLag
-from ._write.settings import destination_at
+from .._api import StoreOptions
+from .._api import open_log
+from .._api import restore as restore_log
+from .._errors import CorruptLogError, QuotaExceeded
+from .._format.codec import Codec
+from .._format.crypt import Keyring, keyring
+from .._read.record_reader import RecordNotWritten, RecordReader
+from .._read.restore import RestoreResult
+from .._write.log import Log
+from .._write.secondaries import SecondaryLag
+from .._write.settings import destination_at
 
 if TYPE_CHECKING:
-    from ._log_set import LogSet
+    from .log_set import LogSet
 
 logger = logging.getLogger("persistlog")
 

@@ -21,11 +21,11 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any, Unpack
 
-from ._api import StoreOptions, open_log
-from ._read.restore import RestoreResult
-from ._write.log import Log
-from ._write.rotation import Emit
-from ._write.secondaries import SecondaryLag
+from .._api import StoreOptions, open_log
+from .._read.restore import RestoreResult
+from .._write.log import Log
+from .._write.rotation import Emit
+from .._write.secondaries import SecondaryLag
 
 logger = logging.getLogger("persistlog")
 
