@@ -468,3 +468,9 @@ def records_list(records: Iterable[Any], call: str, single: str) -> list[Any]:
         return list(records)
     except TypeError:
         raise TypeError(f"{call} takes an iterable of records, not a {type(records).__name__}") from None
+
+
+def array_header_len(n: int) -> int:
+    """Bytes of a definite-length CBOR array header for ``n`` items (``update_many()``
+    encodes its list as one array and keeps the items)."""
+    return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9

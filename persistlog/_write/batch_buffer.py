@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._format import constants as F
-from .._format.codec import Codec, check_depth, encode_error, records_list
+from .._format.codec import Codec, array_header_len, check_depth, encode_error, records_list
 
 _MAX_RECORD = F.MAX_RECORD_BYTES
 _MAX_DEPTH = F.MAX_RECORD_DEPTH
@@ -69,11 +69,6 @@ def snapshot_offsets(runs: list[int]) -> Sequence[int]:
 
 def too_large(n: int) -> ValueError:
     return ValueError(f"record of {n} bytes exceeds the {_MAX_RECORD}-byte limit")
-
-
-def _array_header_len(n: int) -> int:
-    """Bytes of a definite-length CBOR array header for ``n`` items."""
-    return 1 if n < 24 else 2 if n < 0x100 else 3 if n < 0x10000 else 5 if n < 0x100000000 else 9
 
 
 class _Staging:
@@ -259,7 +254,7 @@ class BatchBuffer(_Base):
                 encoded = self._codec.encode(items)
             except Exception as e:
                 raise encode_error(e) from None
-        body = memoryview(encoded)[_array_header_len(len(items)):]
+        body = memoryview(encoded)[array_header_len(len(items)):]
         if len(body) > BATCH_FILL:
             # One batch is what a crash keeps or drops whole: a bigger call could be torn.
             raise ValueError(

@@ -17,6 +17,7 @@ from kv_app import App, apply, restore_state
 from log_files import app_batches, segment_files
 
 import persistlog
+from persistlog._format.codec import array_header_len
 
 
 # -- the update API ---------------------------------------------------------------------
@@ -233,3 +234,9 @@ def test_deeply_nested_records_are_read_back(log_dir: str, monkeypatch: pytest.M
 def test_open_with_unencodable_metadata_is_a_type_error(log_dir: str) -> None:
     with pytest.raises(TypeError):
         persistlog.open(log_dir, lambda emit: None, metadata=object())
+
+
+@pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256, 65535, 65536])
+def test_array_header_len_is_the_header_cbor2_writes(n: int) -> None:
+    # update_many() encodes its records as one array and keeps the items after the header.
+    assert array_header_len(n) == len(cbor2.dumps([0] * n)) - n
