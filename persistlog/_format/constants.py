@@ -1,5 +1,5 @@
 """The format's constants (versions 1 to 3), in one place. ``docs/FORMAT.md`` is the specification; keep the two
-in step (``tests/persistlog/test_format_doc.py`` checks the numbers the doc states)."""
+in step (``tests/persistlog/format/test_format_doc.py`` checks the numbers the doc states)."""
 
 from __future__ import annotations
 

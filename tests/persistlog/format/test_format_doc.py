@@ -17,7 +17,7 @@ from persistlog._format import decoder, encoder
 from persistlog._format import constants as F
 from persistlog._format.shared_values import SharedValues, ValueTable
 
-DOC = (Path(__file__).resolve().parents[2] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
+DOC = (Path(__file__).resolve().parents[3] / "docs" / "FORMAT.md").read_text(encoding="utf-8")
 
 
 def section(title: str) -> str:

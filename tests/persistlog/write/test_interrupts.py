@@ -20,7 +20,7 @@ from childproc import run_json
 from crashsim import CrashSim
 from log_files import is_sealed_log
 
-PROCS = Path(__file__).parent / "procs"
+PROCS = Path(__file__).resolve().parents[1] / "procs"
 
 
 def _interrupt_repeatedly(

@@ -26,7 +26,7 @@ import persistlog
 import pytest
 from child_scripts import child_env
 
-CHILD = Path(__file__).with_name("queue_crash_child.py")
+CHILD = Path(__file__).resolve().parents[1] / "queue_crash_child.py"
 MODES = ["send", "ack", "rotate", "open"]
 ROUNDS = 12
 

@@ -26,8 +26,9 @@ import pytest
 from child_scripts import child_env
 from kv_app import restore_state
 
-CHILD = os.path.join(os.path.dirname(__file__), "crash_child.py")
-ASYNC_CHILD = os.path.join(os.path.dirname(__file__), "crash_child_async.py")
+HELPERS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/persistlog
+CHILD = os.path.join(HELPERS, "crash_child.py")
+ASYNC_CHILD = os.path.join(HELPERS, "crash_child_async.py")
 ROUNDS = 60
 ASYNC_ROUNDS = 30
 MODES = ["start", "acks", "acks", "enum", "close"]

@@ -27,7 +27,7 @@ from persistlog._format.decoder import BatchHeader, Damage, record_slices, split
 
 record_bounds = pytest.importorskip("persistlog._cbor_json").record_bounds
 
-GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden", "v1")
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden", "v1")
 
 # -- records ----------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from persistlog._format import constants as F
 from persistlog._format.crypt import Keyring
 from persistlog._read.reader import LogScanner, list_logs
 
-GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "golden")
+GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")
 UPDATE = os.environ.get("PERSISTLOG_UPDATE_GOLDEN") == "1"
 
 

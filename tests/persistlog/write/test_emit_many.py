@@ -232,7 +232,7 @@ FIXED_PLANS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("batch_bytes", [64, 300, 1 << 20])
 def test_without_the_accelerator_mixed_batches_keep_each_records_kind(tmp_path: Path, batch_bytes: int) -> None:
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     for k, plan in enumerate(FIXED_PLANS):
         pure = run_json(MIXED_WORKLOAD, str(tmp_path / f"pure{k}"), json.dumps(plan), root, str(batch_bytes),
                         hide=["persistlog._cbor_json"])
