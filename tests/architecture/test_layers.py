@@ -86,3 +86,17 @@ def test_the_public_read_path_contract_names_every_private_module() -> None:
         "persistlog/reading.py",
     }
     assert set(contract["source_modules"].split()) == {"spark_replay", "persistlog.cli"}
+
+
+def test_the_core_tests_mirror_the_subpackages() -> None:
+    # tests/persistlog/<job>/ holds the tests of persistlog/_<job>/ (docs/INTERNALS.md, "Tests").
+    folders = {
+        p.name
+        for p in (ROOT / "tests" / "persistlog").iterdir()
+        if p.is_dir() and p.name not in {"procs", "__pycache__"}
+    }
+    subpackages = {p.parent.name.lstrip("_") for p in (ROOT / "persistlog").glob("_*/__init__.py")}
+    assert folders, "no test folders under tests/persistlog"
+    assert folders <= subpackages, sorted(folders - subpackages)
+    for folder in folders:
+        assert list((ROOT / "tests" / "persistlog" / folder).glob("test_*.py")), folder
