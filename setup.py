@@ -2,7 +2,7 @@
 and for the batch buffer's append.
 
 Without a compiler the build goes on without it, and the same text comes from the
-Python path (persistlog/_jsonify.py), and the same appends from persistlog/_batch_buffer.py,
+Python path (persistlog/_format/jsonify.py), and the same appends from persistlog/_write/batch_buffer.py,
 only slower.
 """
 

@@ -1,7 +1,7 @@
 """What each lever of the restore path gives: ``python bench/levers.py [N] [REPEATS] [SHAPES]``.
 
-Not part of ``make bench``: it reaches into persistlog's internals (``persistlog._decoder``,
-``persistlog._restore``) to turn each lever off in turn, and builds a variant of the C
+Not part of ``make bench``: it reaches into persistlog's internals (``persistlog._format.decoder``,
+``persistlog._read.restore``) to turn each lever off in turn, and builds a variant of the C
 extension without string sharing (needs a C compiler). Each variant restores the same log
 (written with ``update()`` per record, so ~1 MiB batches) into a dict with
 ``replay_batch=``; best of REPEATS runs in CPU seconds, round-robin. bench/README.md
@@ -24,7 +24,8 @@ from importlib.machinery import ExtensionFileLoader
 from typing import Any
 
 import persistlog
-from persistlog import _decoder, _restore
+from persistlog._format import decoder
+from persistlog._read import restore as _restore
 
 import shapes
 
@@ -55,7 +56,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["flat", "nested", "wide"]
-    bounds, build = _decoder._record_bounds, _decoder._decode_slice
+    bounds, build = decoder._record_bounds, decoder._decode_slice
     with tempfile.TemporaryDirectory() as tmp:
         unshared = unshared_build(tmp)
         variants: dict[str, dict[str, Any]] = {
@@ -89,19 +90,19 @@ def main() -> None:
             try:
                 for _ in range(repeats):
                     for label, v in variants.items():
-                        _decoder._record_bounds, _decoder._decode_slice = v["bounds"], v["build"]
+                        decoder._record_bounds, decoder._decode_slice = v["bounds"], v["build"]
                         _restore.gc_pause = _restore._GcPause() if v["pause"] else _NoPause()  # type: ignore[assignment]
                         restore(label)
-                    _decoder._record_bounds, _decoder._decode_slice = bounds, build
+                    decoder._record_bounds, decoder._decode_slice = bounds, build
                     _restore.gc_pause = _restore._GcPause()
                     for size in sizes:
-                        _decoder.SLICE_BYTES = size
+                        decoder.SLICE_BYTES = size
                         restore(f"slices of {size} bytes")
-                    _decoder.SLICE_BYTES = 4096
+                    decoder.SLICE_BYTES = 4096
             finally:
-                _decoder._record_bounds, _decoder._decode_slice = bounds, build
+                decoder._record_bounds, decoder._decode_slice = bounds, build
                 _restore.gc_pause = _restore._GcPause()
-                _decoder.SLICE_BYTES = 4096
+                decoder.SLICE_BYTES = 4096
             for label, t in runs.items():
                 print(f"{name:7s} {label:50s} {n / min(t) / 1e3:8.0f} k rec/s   spread {(max(t) - min(t)) / min(t):4.0%}")
 

@@ -43,7 +43,7 @@ def _write(url: str, gib: float) -> int:
 def _scan_to(url: str, lsn: int) -> None:
     """The baseline: every batch from the oldest log checked until the one holding ``lsn``."""
     from destinations import open_destination
-    from persistlog._reader import LogScanner, list_logs
+    from persistlog._read.reader import LogScanner, list_logs
 
     dest = open_destination(url)
     for seq, segments in list_logs(dest).items():

@@ -53,7 +53,7 @@ def _write_log(url: str, recs: list[dict[str, Any]]) -> None:
 
 
 def _write_json(path: str, recs: list[dict[str, Any]]) -> None:
-    from persistlog._jsonify import to_json
+    from persistlog._format.jsonify import to_json
 
     with open(path, "w", encoding="utf-8") as f:
         for r in recs:

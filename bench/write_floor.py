@@ -25,7 +25,7 @@ import cbor2
 
 import persistlog
 from persistlog import Codec
-from persistlog._batch_buffer import BatchBuffer
+from persistlog._write.batch_buffer import BatchBuffer
 
 import baselines
 import shapes

@@ -11,11 +11,12 @@ in memory.
 See README.md for the guarantees of each durability mode and docs/FORMAT.md for the bytes.
 """
 
+from ._aio.async_log import AsyncLog, open_async, restore_async
 from ._api import OpenOptions, StoreOptions, restore
 from ._api import open_log as open
-from ._async_log import AsyncLog, open_async, restore_async
-from ._codec import Codec
-from ._consumers import Consumer, ConsumerGroup, consumers
+from ._apps.log_set import LogSet, LogSetOptions
+from ._apps.queue import Message, Queue
+from ._apps.store import ResourceStore
 from ._errors import (
     CodecError,
     CorruptLogError,
@@ -36,20 +37,19 @@ from ._errors import (
     ResetRequired,
     WriterConflict,
 )
-from ._cursor import Cursor
-from ._follower import FollowedBatch, Follower, Lag, follow
-from ._format import SEGMENT_VERSIONS
-from ._format import WRITTEN_VERSION as FORMAT_VERSION
-from ._log import Log
-from ._log_set import LogSet, LogSetOptions
-from ._range import LoggedRecord, read
-from ._reader import TornTail
-from ._restore import RestoreResult
-from ._rotation import Emit
-from ._secondaries import SecondaryLag
-from ._queue import Message, Queue
-from ._store import ResourceStore
+from ._format.codec import Codec
+from ._format.constants import SEGMENT_VERSIONS
+from ._format.constants import WRITTEN_VERSION as FORMAT_VERSION
+from ._read.consumers import Consumer, ConsumerGroup, consumers
+from ._read.cursor import Cursor
+from ._read.follower import FollowedBatch, Follower, Lag, follow
+from ._read.range import LoggedRecord, read
+from ._read.reader import TornTail
+from ._read.restore import RestoreResult
 from ._version import package_version
+from ._write.log import Log
+from ._write.rotation import Emit
+from ._write.secondaries import SecondaryLag
 
 #: The installed package's version. ``FORMAT_VERSION`` is the format version new logs are
 #: written in with the default options; ``SEGMENT_VERSIONS`` every version this package reads.

@@ -15,20 +15,22 @@ from typing import Any, TypedDict
 from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
 
-from . import _encoder
-from . import _format as F
-from ._codec import Codec, check_depth
-from ._crypt import Keyring, keyring
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
-from ._handover import HANDOVER_TIMEOUT, ask_for_handover
-from ._log import Log, LogSettings, destination_at, release_writer_lock
-from ._reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
-from ._restore import RestoreResult, restore_from
-from ._retention import Retention
-from ._rotation import EnumerateAll
-from ._seek import lsn_at_time, utc_micros
-from ._segment_writer import fence_newest_log
-from ._signing import SIGN_INTERVAL, Checkpoints, Signer
+from ._format import encoder
+from ._format import constants as F
+from ._format.codec import Codec, check_depth
+from ._format.crypt import Keyring, keyring
+from ._format.signing import SIGN_INTERVAL, Checkpoints, Signer
+from ._read.reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
+from ._read.restore import RestoreResult, restore_from
+from ._read.seek import lsn_at_time, utc_micros
+from ._write.handover import HANDOVER_TIMEOUT, ask_for_handover
+from ._write.log import Log
+from ._write.retention import Retention
+from ._write.rotation import EnumerateAll
+from ._write.segment_writer import fence_newest_log
+from ._write.settings import LogSettings, destination_at
+from ._write.writer_lease import release_writer_lock
 
 logger = logging.getLogger("persistlog")
 
@@ -346,7 +348,7 @@ def open_log(
     try:
         # Exactly as the log header will hold it: plain CBOR, which every reader decodes
         # without the app's codec, so a Codec-registered object cannot go in it.
-        _encoder.control_batch([{"metadata": metadata}], F.FIRST_LSN, 0)
+        encoder.control_batch([{"metadata": metadata}], F.FIRST_LSN, 0)
     except Exception as e:
         raise TypeError(f"metadata must be a plain CBOR value (no Codec-registered objects): {e}") from None
     dest = destination_at(url, storage_options)

@@ -5,7 +5,7 @@
  *
  * It handles the common subset of CBOR -- integers of up to 64 bits, floats, text and
  * byte strings, definite-length arrays and maps keyed by distinct text strings, false,
- * true, null and undefined -- and writes exactly what persistlog._jsonify.to_json writes
+ * true, null and undefined -- and writes exactly what persistlog._format.jsonify.to_json writes
  * for the value cbor2 decodes. Anything else (a tag, a map with another kind of key or a
  * repeated key, an indefinite length, a simple value, invalid UTF-8, deep nesting,
  * damaged or trailing bytes) makes the whole call return None, and the caller takes the
@@ -1711,7 +1711,7 @@ done:
 
 /* -- the batch buffer's hot path ----------------------------------------------------------
  *
- * Staging is the base type of persistlog._batch_buffer.BatchBuffer where this module is
+ * Staging is the base type of persistlog._write.batch_buffer.BatchBuffer where this module is
  * built: it holds the fields an append touches (the buffer's end, the next LSN, the cut
  * rule's two bounds, the blocked flag, the encoder) and the buffer's lock, and
  * ``_stage_fast(record, snapshot=False)`` is BatchBuffer.stage()'s usual case as one call: take the lock,

@@ -23,7 +23,7 @@ code it runs may assume one thread, as it did on a thread of its own. Its functi
 when it wants to run next (a ``time.monotonic()`` time, or None); :meth:`Job.run_at` and
 :meth:`Job.run_soon` ask for an earlier run from anywhere (a request made while it runs is
 kept for after the run). Jobs hold what they work on weakly (:func:`weak_method`): a Log
-nobody holds is collected, and sealed by ``_exit``, while its jobs wait on the heap.
+nobody holds is collected, and sealed by ``_write.at_exit``, while its jobs wait on the heap.
 
 Locks. One plain lock, ``Runtime._mutex``, guards the heap, the ready queue and every
 job's state; two conditions over it put the timer thread and the workers to sleep. It is

@@ -75,22 +75,9 @@ Command lines
 
 from __future__ import annotations
 
-from ._audit import Audit, audit
-from ._codec import plain_loads
-from ._crypt import OPAQUE, Keyring, provider_named
-from ._decoder import (
-    BatchHeader,
-    Damage,
-    SegmentHeader,
-    check_payload,
-    control_records,
-    parse_batch_header,
-    parse_segment_header,
-)
-from ._destination_check import inspect_destination
-from ._destination_report import DestinationReport, Problem, Progress, SignedHead
-from ._follower import first_lsn, gap_closed
-from ._format import (
+from ._apps.log_set import read_marker as read_log_set_marker
+from ._format.codec import plain_loads
+from ._format.constants import (
     BATCH_HEADER_SIZE,
     CONTROL_CHECKPOINT,
     CONTROL_COMPLETE,
@@ -107,7 +94,17 @@ from ._format import (
     parse_segment_name,
     segment_name,
 )
-from ._jsonify import (
+from ._format.crypt import OPAQUE, Keyring, provider_named
+from ._format.decoder import (
+    BatchHeader,
+    Damage,
+    SegmentHeader,
+    check_payload,
+    control_records,
+    parse_batch_header,
+    parse_segment_header,
+)
+from ._format.jsonify import (
     JsonRecords,
     PlainRecords,
     from_json,
@@ -116,10 +113,14 @@ from ._jsonify import (
     texts_from_cbor,
     to_json,
 )
-from ._lock_holder import Holder
-from ._log_set import read_marker as read_log_set_marker
-from ._probe import SegmentProbe, next_segments
-from ._reader import (
+from ._format.signing import Verifier, load_public_key
+from ._inspect.audit import Audit, audit
+from ._inspect.destination_check import inspect_destination
+from ._inspect.destination_report import DestinationReport, Problem, Progress, SignedHead
+from ._inspect.repair import RepairPlan, RepairResult, repair
+from ._read.follower import first_lsn, gap_closed
+from ._read.probe import SegmentProbe, next_segments
+from ._read.reader import (
     RECOVERY_MODES,
     RESYNC_ATTEMPTS,
     WALK_CHUNK,
@@ -141,12 +142,11 @@ from ._reader import (
     walk_headers,
     why_no_log,
 )
-from ._repair import RepairPlan, RepairResult, repair
-from ._restore import ReplayPlan, gc_pause
-from ._restore import plan as replay_plan
-from ._seek import LogView, Place, seek, utc_micros
-from ._signing import Verifier, load_public_key
+from ._read.restore import ReplayPlan, gc_pause
+from ._read.restore import plan as replay_plan
+from ._read.seek import LogView, Place, seek, utc_micros
 from ._usage import UsageError, parse_storage_options
+from ._write.lock_holder import Holder
 
 __all__ = [
     "Audit",

@@ -7,8 +7,8 @@ import struct
 import time
 import zlib
 
-from persistlog import _decoder
-from persistlog import _format as F
+from persistlog._format import decoder
+from persistlog._format import constants as F
 
 
 def batch_offsets(segment_path: str) -> list[tuple[int, int, int]]:
@@ -26,8 +26,8 @@ def _intact_batches(data: bytes, pos: int) -> list[tuple[int, int, int]]:
     out = []
     while pos + F.BATCH_HEADER_SIZE <= len(data):
         try:
-            h = _decoder.parse_batch_header(data[pos : pos + F.BATCH_HEADER_SIZE], pos)
-        except _decoder.Damage:
+            h = decoder.parse_batch_header(data[pos : pos + F.BATCH_HEADER_SIZE], pos)
+        except decoder.Damage:
             break
         if pos + h.size > len(data):
             break

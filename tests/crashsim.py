@@ -75,7 +75,7 @@ from typing import Any
 
 import destinations
 from destinations import AppendFile, Destination, WriterLock, open_destination
-from persistlog import _exit as persistlog_exit
+from persistlog._write import at_exit as persistlog_exit
 
 PROTOCOL = "crashsim"
 

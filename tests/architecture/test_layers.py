@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-FORMAT_MODULES = {"_format.py", "_encoder.py", "_decoder.py"}
+FORMAT_MODULES = {"persistlog/_format/constants.py", "persistlog/_format/encoder.py", "persistlog/_format/decoder.py"}
 
 
 @pytest.mark.slow
@@ -27,11 +27,11 @@ def test_format_knowledge_lives_in_the_format_modules() -> None:
     pattern = re.compile(r"^\s*(import struct|from struct|import zlib|from zlib)|crc32\(|struct\.(pack|unpack)", re.M)
     for package in ("persistlog", "spark_replay"):
         for path in (ROOT / package).rglob("*.py"):
-            if path.name in FORMAT_MODULES and path.parent.name == "persistlog":
+            if path.relative_to(ROOT).as_posix() in FORMAT_MODULES:
                 continue
             if pattern.search(path.read_text()):
                 offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == [], f"framing/checksum code outside _format/_encoder/_decoder: {offenders}"
+    assert offenders == [], f"framing/checksum code outside {sorted(FORMAT_MODULES)}: {offenders}"
 
 
 def test_no_pickle_anywhere() -> None:
@@ -59,8 +59,9 @@ def test_public_api_is_typed_strictly() -> None:
 
 
 def test_the_public_read_path_contract_names_every_private_module() -> None:
-    # import-linter has no "persistlog._*": setup.cfg lists the modules, and this keeps the
-    # list whole, so that a new private module is forbidden to Spark and the CLI too.
+    # import-linter has no "persistlog._*": setup.cfg lists the private modules and
+    # subpackages (a subpackage forbids everything in it), and this keeps the list whole, so
+    # that a new private module or subpackage is forbidden to Spark and the CLI too.
     import configparser
 
     cfg = configparser.ConfigParser()
@@ -71,6 +72,31 @@ def test_the_public_read_path_contract_names_every_private_module() -> None:
         f"persistlog.{p.stem}"
         for p in (ROOT / "persistlog").glob("_*.py")
         if not p.stem.startswith("__")
-    }
+    } | {f"persistlog.{p.parent.name}" for p in (ROOT / "persistlog").glob("_*/__init__.py")}
     assert listed == private
+    # Every other module is public: the package itself, reading, the CLI.
+    public = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "persistlog").rglob("*.py")
+        if not any(part.startswith("_") and not part.startswith("__") for part in p.relative_to(ROOT).parts)
+    }
+    assert {p for p in public if not p.startswith("persistlog/cli/")} == {
+        "persistlog/__init__.py",
+        "persistlog/__main__.py",
+        "persistlog/reading.py",
+    }
     assert set(contract["source_modules"].split()) == {"spark_replay", "persistlog.cli"}
+
+
+def test_the_core_tests_mirror_the_subpackages() -> None:
+    # tests/persistlog/<job>/ holds the tests of persistlog/_<job>/ (docs/INTERNALS.md, "Tests").
+    folders = {
+        p.name
+        for p in (ROOT / "tests" / "persistlog").iterdir()
+        if p.is_dir() and p.name not in {"procs", "__pycache__"}
+    }
+    subpackages = {p.parent.name.lstrip("_") for p in (ROOT / "persistlog").glob("_*/__init__.py")}
+    assert folders, "no test folders under tests/persistlog"
+    assert folders <= subpackages, sorted(folders - subpackages)
+    for folder in folders:
+        assert list((ROOT / "tests" / "persistlog" / folder).glob("test_*.py")), folder

@@ -20,8 +20,8 @@ from typing import Any
 import persistlog
 from destinations import open_destination
 from kv_app import apply
-from persistlog import _format as F
-from persistlog._reader import LogScanner, list_logs
+from persistlog._format import constants as F
+from persistlog._read.reader import LogScanner, list_logs
 from persistlog.cli import main
 
 

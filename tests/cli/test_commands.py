@@ -196,14 +196,14 @@ def test_a_middle_log_cut_short_is_still_corruption(logdir: str) -> None:
 
 
 def test_current_naming_an_incomplete_log_is_corruption_a_repair_fixes(logdir: str) -> None:
-    from persistlog import _encoder
+    from persistlog._format import encoder
 
     def failing(emit: object) -> None:
         raise RuntimeError("enumeration failed")
 
     with pytest.raises(persistlog.EnumerateError):
         persistlog.open(logdir, failing, discard_existing=True)  # leaves log 4, incomplete
-    Path(logdir, "CURRENT").write_bytes(_encoder.pointer(4))
+    Path(logdir, "CURRENT").write_bytes(encoder.pointer(4))
     run = cli("verify", logdir)
     assert run.status == 1 and "CURRENT names log 4, which has no snapshot-complete marker" in run.out
     assert "incomplete" in cli("info", logdir).out

@@ -63,11 +63,11 @@ def test_a_sealed_log_cut_short_before_the_next_is_damage_not_a_torn_tail(logdir
 def test_a_restore_that_reads_a_log_cut_short_refuses_it(logdir: str) -> None:
     """When a restore has to read the log that lost its end, strict mode raises
     CorruptLogError there and skip mode lists it: neither calls it a torn tail."""
-    from persistlog import _encoder
+    from persistlog._format import encoder
 
     name = cut_end(logdir, 2)
     with open(os.path.join(logdir, "CURRENT"), "wb") as f:
-        f.write(_encoder.pointer(2))
+        f.write(encoder.pointer(2))
     torn_at = json.loads(cli("verify", logdir, "--json").out)["problems"][0]["offset"]
     with pytest.raises(persistlog.CorruptLogError) as info:
         restore_state(logdir)

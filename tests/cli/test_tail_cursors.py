@@ -17,7 +17,7 @@ import pytest
 from cli_logs import batches, cli
 
 import persistlog
-from persistlog import _format as F
+from persistlog._format import constants as F
 
 RECORDS = 2000
 
@@ -200,6 +200,6 @@ def test_a_follower_resumes_inside_a_batch(logdir: str) -> None:
 
 
 def persistlog_json(record: object) -> object:
-    from persistlog._jsonify import to_json
+    from persistlog._format.jsonify import to_json
 
     return json.loads(to_json(record))

@@ -14,10 +14,10 @@ from typing import Any
 
 import persistlog
 from batches import batch_offsets
-from persistlog import _decoder
-from persistlog import _exit as persistlog_exit
-from persistlog import _format as F
-from persistlog._log import parts_of
+from persistlog._format import decoder
+from persistlog._format import constants as F
+from persistlog._write import at_exit as persistlog_exit
+from persistlog._write.log import parts_of
 
 # -- crashes ------------------------------------------------------------------------------
 
@@ -72,10 +72,10 @@ def creation_size(segment_path: str) -> int:
     batch for segment 0."""
     with open(segment_path, "rb") as f:
         data = f.read(F.SEGMENT_HEADER_SIZE + F.BATCH_HEADER_SIZE)
-    sh = _decoder.parse_segment_header(data)
+    sh = decoder.parse_segment_header(data)
     if sh.segment != 0:
         return F.SEGMENT_HEADER_SIZE
-    head = _decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE:], F.SEGMENT_HEADER_SIZE)
+    head = decoder.parse_batch_header(data[F.SEGMENT_HEADER_SIZE:], F.SEGMENT_HEADER_SIZE)
     return F.SEGMENT_HEADER_SIZE + head.size
 
 
@@ -119,7 +119,7 @@ def fill_disk(lg: persistlog.Log) -> None:
 def _scanners(url: str, only: int | None = None) -> Iterator[Any]:
     """A LogScanner per log at ``url`` (or for log ``only``), in order; iterate each."""
     from destinations import open_destination
-    from persistlog._reader import LogScanner, list_logs
+    from persistlog._read.reader import LogScanner, list_logs
 
     dest = open_destination(url)
     for seq, segments in sorted(list_logs(dest).items()):

@@ -16,9 +16,9 @@ from typing import Any
 
 import cbor2
 
-from persistlog import _chain, _decoder
-from persistlog import _encoder
-from persistlog import _format as F
+from persistlog._format import chain, decoder
+from persistlog._format import encoder
+from persistlog._format import constants as F
 
 
 @dataclass
@@ -70,27 +70,27 @@ class Segment:
     trailer: bool = False
 
     def to_bytes(self) -> bytes:
-        out = bytearray(_encoder.segment_header(self.seq, self.number, self.first_lsn, self.version))
+        out = bytearray(encoder.segment_header(self.seq, self.number, self.first_lsn, self.version))
         for b in self.batches:
             seal_at = len(out)
             out += b.to_bytes()
         if self.trailer:
-            out += _encoder.seal_trailer(seal_at)
+            out += encoder.seal_trailer(seal_at)
         return bytes(out)
 
 
 def parse(name: str, data: bytes) -> Segment:
-    sh = _decoder.parse_segment_header(data)
+    sh = decoder.parse_segment_header(data)
     seg = Segment(name, sh.seq, sh.segment, sh.first_lsn, sh.version)
     pos = F.SEGMENT_HEADER_SIZE
     while pos + F.BATCH_HEADER_SIZE <= len(data):
-        h = _decoder.parse_batch_header(data[pos:pos + F.BATCH_HEADER_SIZE], pos)
+        h = decoder.parse_batch_header(data[pos:pos + F.BATCH_HEADER_SIZE], pos)
         stored = data[pos + F.BATCH_HEADER_SIZE:pos + h.size]
         link = stored[:F.LINK_SIZE] if h.linked else None
         body = stored[F.LINK_SIZE:] if h.linked else stored
         seg.batches.append(Batch(h.count, h.flags, h.first_lsn, h.commit_us, h.raw_len, link, body))
         pos += h.size
-        if len(data) - pos == F.TRAILER_SIZE and _decoder.parse_trailer(data[pos:]) is not None:
+        if len(data) - pos == F.TRAILER_SIZE and decoder.parse_trailer(data[pos:]) is not None:
             seg.trailer = True
             break
     return seg
@@ -106,7 +106,7 @@ def load(path: str) -> list[Segment]:
     return out
 
 
-def relink(segments: list[Segment], head: bytes = _chain.GENESIS) -> None:
+def relink(segments: list[Segment], head: bytes = chain.GENESIS) -> None:
     """Recompute every link, seal ``chain`` and checkpoint ``head`` (and its ``seq`` and
     ``lsn``) in order, as the writer would have: everything but the signatures. The first
     batch links to ``head``."""
@@ -126,7 +126,7 @@ def relink(segments: list[Segment], head: bytes = _chain.GENESIS) -> None:
                 b.set_controls(controls)
             if t in (F.CONTROL_SEAL, F.CONTROL_FENCE):
                 continue
-            head = _chain.batch_hash(b.to_bytes())
+            head = chain.batch_hash(b.to_bytes())
 
 
 def save(path: str, segments: list[Segment], *, relink_all: bool = False) -> None:

@@ -12,10 +12,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-LEAVES_A_THREAD = "tests/persistlog/test_secondary_backup.py::test_unreachable_secondary_does_not_hold_open_up"
+LEAVES_A_THREAD = "tests/persistlog/write/test_secondary_backup.py::test_unreachable_secondary_does_not_hold_open_up"
 COUNTS_THREADS = [
-    "tests/persistlog/test_lifecycle.py::test_a_log_collected_unclosed_warns_and_keeps_its_records",
-    "tests/persistlog/test_lifecycle.py::test_nothing_keeps_an_unreferenced_log_alive",
+    "tests/persistlog/write/test_lifecycle.py::test_a_log_collected_unclosed_warns_and_keeps_its_records",
+    "tests/persistlog/write/test_lifecycle.py::test_nothing_keeps_an_unreferenced_log_alive",
 ]
 
 

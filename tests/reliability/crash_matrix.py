@@ -43,7 +43,7 @@ from crashsim import CrashSim, SimulatedCrash  # noqa: E402
 from kv_app import App, prefix_states, restore_state  # noqa: E402
 
 import persistlog  # noqa: E402
-from persistlog._log import parts_of  # noqa: E402
+from persistlog._write.log import parts_of  # noqa: E402
 
 POWER_MODES = ("process", "drop", "zeros", "partial")
 

@@ -37,7 +37,7 @@ from typing import Any
 import cbor2
 
 import persistlog
-from persistlog import _format as F
+from persistlog._format import constants as F
 
 # -- the corpus -------------------------------------------------------------------------------
 
@@ -462,7 +462,7 @@ def _json_rows(path: str) -> list[Any]:
     from spark_replay._plan import plan
     from spark_replay._scan import read_records
 
-    from persistlog._jsonify import from_json
+    from persistlog._format.jsonify import from_json
 
     out: list[Any] = []
     try:

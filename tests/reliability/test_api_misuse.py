@@ -99,10 +99,10 @@ def test_bad_records_write_nothing_and_the_log_goes_on(tmp_path: Path) -> None:
     with pytest.raises(TypeError):
         lg.update_many([{"op": "put", "key": "c", "value": 1}, _Unloggable()])
     with pytest.raises(ValueError, match="exceeds"):
-        lg.update({"op": "put", "key": "big", "value": b"\0" * (persistlog._format.MAX_RECORD_BYTES + 1)})
+        lg.update({"op": "put", "key": "big", "value": b"\0" * (persistlog._format.constants.MAX_RECORD_BYTES + 1)})
     with pytest.raises(ValueError, match="exceeds"):
         lg.update_many([{"op": "put", "key": "c2", "value": 1},
-                        {"op": "put", "key": "big", "value": b"\0" * (persistlog._format.MAX_RECORD_BYTES + 1)}])
+                        {"op": "put", "key": "big", "value": b"\0" * (persistlog._format.constants.MAX_RECORD_BYTES + 1)}])
     lg.update({"op": "put", "key": "d", "value": 2})
     assert not lg.stats()["failed"]
     lg.close()

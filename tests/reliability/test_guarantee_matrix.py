@@ -29,9 +29,9 @@ after the next writer's clean close.
 
 CI runs ``COVERING``: every pattern with every mode and every ending on a local disk, each
 pattern on S3, the readers, the secondaries, a pause, and on S3 the two paths that once lost
-acknowledged updates: an exit without ``close()`` (the seal at exit, ``_exit.py``) and a
+acknowledged updates: an exit without ``close()`` (the seal at exit, ``_write/at_exit.py``) and a
 buffered writer paused past its lease whose log the next writer's retention deleted (the
-``confirm`` after a PUT, ``_segment_writer.py``). ``PERSISTLOG_MATRIX_FULL=1`` runs the
+``confirm`` after a PUT, ``_write/segment_writer.py``). ``PERSISTLOG_MATRIX_FULL=1`` runs the
 whole cross product too (``python -m pytest tests/reliability/test_guarantee_matrix.py``),
 and ``PERSISTLOG_MATRIX_JSON`` names a file for each case's figures. Every case must pass:
 there is no known defect to expect.
@@ -58,7 +58,7 @@ import persistlog
 from destinations import open_destination
 from guarantee_child import ENDINGS, PATTERNS, ROUND, Unit, late_units, readme_namespace, units
 from kv_app import prefix_states, replay_ops
-from persistlog._format import parse_segment_name
+from persistlog._format.constants import parse_segment_name
 from readme_code import readme_functions
 from threads import wait_until
 

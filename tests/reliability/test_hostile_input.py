@@ -44,7 +44,7 @@ from hostile_input import (
 from crash_matrix import ROOT
 
 import persistlog
-from persistlog import _format as F
+from persistlog._format import constants as F
 
 EXAMPLES = int(os.environ.get("PERSISTLOG_FUZZ_EXAMPLES", "120"))
 FUZZ = settings(

@@ -25,7 +25,7 @@ from crash_matrix import Model, check_prefix
 
 import persistlog
 from persistlog import LogFailedError
-from persistlog._log import parts_of
+from persistlog._write.log import parts_of
 
 FSYNC = dict(durability="fsync", segment_bytes=4096, flush_interval=3600.0, rotate_bytes=None, retain=1)
 PAD = "p" * 120

@@ -8,8 +8,8 @@ from typing import Any
 
 import persistlog
 from batches import batch_offsets as batch_spans
-from persistlog import _decoder
-from persistlog import _format as F
+from persistlog._format import decoder
+from persistlog._format import constants as F
 
 
 # -- logs -----------------------------------------------------------------------------------
@@ -49,7 +49,7 @@ def unseal(segment_path: str) -> int:
     returns the new size."""
     with open(segment_path, "rb") as f:
         data = f.read()
-    seal_at = _decoder.parse_trailer(data[-F.TRAILER_SIZE :])
+    seal_at = decoder.parse_trailer(data[-F.TRAILER_SIZE :])
     assert seal_at is not None, f"{segment_path} is not sealed"
     with open(segment_path, "r+b") as f:
         f.truncate(seal_at)

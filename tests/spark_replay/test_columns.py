@@ -10,7 +10,7 @@ import pytest
 
 import persistlog
 import spark_replay
-from persistlog._jsonify import from_json
+from persistlog._format.jsonify import from_json
 
 # Keys of every kind; 1, "1" and True must stay three keys.
 KEYS: list[Any] = ["user:3", 1, "1", True, None, 'caf\u00e9 "q"', [1, "a"]]

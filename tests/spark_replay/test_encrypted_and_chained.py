@@ -238,9 +238,9 @@ def test_the_stream_tail_checks_an_encrypted_batch_without_its_key(logs: tuple[s
     """What the header walk of a micro-batch could not take (a batch that grew past the size
     it read) is checked for its structure only: the driver holds no key."""
     from destinations import open_destination
-    from persistlog import _format as F
-    from persistlog._cursor import Cursor
-    from persistlog._reader import walk_headers
+    from persistlog._read.cursor import Cursor
+    from persistlog._format import constants as F
+    from persistlog._read.reader import walk_headers
     from spark_replay._tail import Tail
 
     _plain, sealed = logs
@@ -266,7 +266,7 @@ def test_the_heads_view_lists_every_signed_head(spark: Any, tmp_path: Path, keys
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
-    from persistlog import _format as F
+    from persistlog._format import constants as F
 
     signing = ed25519.Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
     public = signing.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)

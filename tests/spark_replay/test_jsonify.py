@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persistlog._jsonify import JsonRecords, PlainRecords, from_json, plain_loads, to_json, to_jsonable
+from persistlog._format.jsonify import JsonRecords, PlainRecords, from_json, plain_loads, to_json, to_jsonable
 
 UTC = datetime.timezone.utc
 
@@ -168,8 +168,8 @@ def test_to_json_is_lossless_and_the_fast_path_agrees(value: Any) -> None:
 
 # -- the C path: straight from CBOR bytes to the same text ------------------------------------
 
-from persistlog import _jsonify  # noqa: E402
-from persistlog._jsonify import texts_from_cbor  # noqa: E402
+from persistlog._format import jsonify  # noqa: E402
+from persistlog._format.jsonify import texts_from_cbor  # noqa: E402
 
 
 def c_texts(encoded: bytes, count: int) -> list[str] | None:
@@ -197,7 +197,7 @@ def python_texts(encoded: bytes, count: int) -> list[str] | None:
 def test_the_c_path_is_built() -> None:
     # setup.py builds it wherever a C compiler is (the README's set-up does); without it
     # everything works, only the Spark reader is slower.
-    assert _jsonify._c_records is not None
+    assert jsonify._c_records is not None
 
 
 def _plain(value: Any) -> bool:
@@ -349,7 +349,7 @@ _store_records = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(_store_records)
 def test_the_c_path_reads_the_resource_convention_as_the_store_does(records: list[Any]) -> None:
-    from persistlog._jsonify import resource_texts_from_cbor
+    from persistlog._format.jsonify import resource_texts_from_cbor
 
     encoded = b"".join(cbor2.dumps(r) for r in records)
     got = resource_texts_from_cbor(encoded, len(records))
@@ -361,7 +361,7 @@ def test_the_c_path_reads_the_resource_convention_as_the_store_does(records: lis
 
 
 def test_the_key_column_shows_a_string_key_as_itself() -> None:
-    from persistlog._jsonify import resource_texts_from_cbor
+    from persistlog._format.jsonify import resource_texts_from_cbor
 
     records = [
         {"op": "put", "key": "user:3", "value": 1},

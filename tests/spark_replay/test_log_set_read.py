@@ -22,7 +22,7 @@ import pytest
 from conftest_s3 import MotoRequests
 
 import persistlog
-from persistlog._jsonify import from_json
+from persistlog._format.jsonify import from_json
 from spark_replay._options import ReadOptions
 from spark_replay._plan import LogPartition, LogToPlan, SetPartition, plan
 from spark_replay._scan import read_set
@@ -252,7 +252,7 @@ def test_a_small_log_that_follows_a_declared_gap_is_read_as_the_driver_plans_it(
     from crashsim import CrashSim
     from secondary_crashes import crash_with_secondary_behind, restart_and_crash_on_the_secondary
 
-    from persistlog import _format as F
+    from persistlog._format import constants as F
 
     sec_url, acked = crash_with_secondary_behind("local", tmp_path, CrashSim(), lease_ttl=0.4)
     restart_and_crash_on_the_secondary("local", tmp_path, sec_url, acked)

@@ -16,8 +16,8 @@ import pytest
 from log_histories import batch_spans, flip_byte, restored_records, segment_paths, unseal, write_store_history
 
 import persistlog
-from persistlog import _format as F
-from persistlog._jsonify import from_json
+from persistlog._format import constants as F
+from persistlog._format.jsonify import from_json
 from spark_replay._options import ReadOptions
 from spark_replay._plan import LogPartition, plan
 from spark_replay._scan import read_problems, read_records

@@ -20,7 +20,7 @@ from secondary_crashes import (
 )
 
 import spark_replay
-from persistlog._jsonify import from_json
+from persistlog._format.jsonify import from_json
 
 pytestmark = pytest.mark.spark
 

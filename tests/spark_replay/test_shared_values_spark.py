@@ -11,9 +11,9 @@ import pytest
 
 import persistlog
 from destinations import open_destination
-from persistlog import _format as F
-from persistlog._jsonify import from_json
-from persistlog._reader import LogScanner, list_logs
+from persistlog._format import constants as F
+from persistlog._format.jsonify import from_json
+from persistlog._read.reader import LogScanner, list_logs
 
 BIG = [b"\x07" * 300 + bytes(range(40)), ("payload %d " % 7) * 40, "é" * 130]
 

@@ -19,8 +19,8 @@ from log_histories import batch_spans, flip_byte, restored_records, segment_path
 
 import persistlog
 import spark_replay
-from persistlog import _format as F
-from persistlog._jsonify import from_json
+from persistlog._format import constants as F
+from persistlog._format.jsonify import from_json
 from spark_replay._job import main
 
 pytestmark = pytest.mark.spark

@@ -30,10 +30,10 @@ from secondary_crashes import (
 )
 
 import persistlog
-import persistlog._format
+import persistlog._format.constants
 from destinations import open_destination
-from persistlog._retention import apply_retention
-from persistlog._jsonify import from_json
+from persistlog._write.retention import apply_retention
+from persistlog._format.jsonify import from_json
 from persistlog._errors import CorruptLogError, LogNotFoundError, PositionError, ResetRequired
 from spark_replay._options import StreamOptions
 from spark_replay._schema import arrow_schema
@@ -379,7 +379,7 @@ def test_a_stream_after_its_log_was_deleted_whole_goes_on_when_nothing_is_missin
     assert end["log"] == 2
     w.store.log.rotate()  # log 3 starts where the cursor stands; retention deletes log 2
     w.put(2)
-    assert not os.path.exists(os.path.join(url, persistlog._format.segment_name(2, 0)))
+    assert not os.path.exists(os.path.join(url, persistlog._format.constants.segment_name(2, 0)))
     more = drain(stream_reader(url), end)[1]
     assert lsns(more) == list(range(end["next_lsn"], w.last_lsn + 1))
     w.close()
@@ -400,7 +400,7 @@ def test_a_micro_batch_whose_records_retention_deletes_before_the_executors_read
     parts = [pickle.loads(pickle.dumps(p)) for p in reader.partitions(start, end)]
     assert parts and end["log"] == 1
     w.store.log.rotate()  # log 2 complete: retention (retain=1) deletes log 1
-    wait_until(lambda: not os.path.exists(os.path.join(url, persistlog._format.segment_name(1, 0))))
+    wait_until(lambda: not os.path.exists(os.path.join(url, persistlog._format.constants.segment_name(1, 0))))
     executor = pickle.loads(pickle.dumps(reader))
     if on_gap == "fail":
         with pytest.raises(ResetRequired) as e:
@@ -432,7 +432,7 @@ def test_a_log_deleted_as_the_driver_walks_it_is_a_retention_gap(clean_memory_fs
     tail = Tail(open_destination("faulty://walk-race/log", target_protocol="memory", faults=plan))
     with pytest.raises(ResetRequired) as e:
         tail.walk(Position(persistlog.Cursor(1, 0, 0, 1), 1))
-    assert plan.fired and persistlog._format.segment_name(1, 0) not in dest.list()
+    assert plan.fired and persistlog._format.constants.segment_name(1, 0) not in dest.list()
     assert "1:0:0:1" in str(e.value) and "deleted by retention" in str(e.value)
     assert "onRetentionGap=restore" in str(e.value)
 
@@ -622,7 +622,7 @@ def test_a_log_that_does_not_continue_the_one_before_without_declaring_a_gap_is_
     w.close()
     first = segment_paths(url)[0]
     unseal(first)
-    offset, _size, _kind = [s for s in batch_spans(first) if s[2] != persistlog._format.KIND_CONTROL][-1]
+    offset, _size, _kind = [s for s in batch_spans(first) if s[2] != persistlog._format.constants.KIND_CONTROL][-1]
     with open(first, "r+b") as f:
         f.truncate(offset)  # log 1 lost its last record, and log 2 says nothing of it
     reader = stream_reader(url, startingPosition="earliest", onRetentionGap="restore")

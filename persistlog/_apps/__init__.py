@@ -1,0 +1,1 @@
+"""What apps build on a log: the resource store, the durable queue, sets of logs by key."""

@@ -1,0 +1,1 @@
+"""Checking a destination: what each log holds, its damage, audits of signatures, repair."""

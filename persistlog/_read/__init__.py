@@ -1,0 +1,1 @@
+"""Reading logs: listing and scanning, restore, positions, followers and named consumers."""

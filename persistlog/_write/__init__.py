@@ -1,0 +1,1 @@
+"""Writing a log: the Log and its parts, segments, syncs, rotation, retention, the writer lock, secondaries."""

@@ -1,0 +1,630 @@
+"""Rotation: starting a fresh log that begins with a full enumeration of the app's state.
+
+The protocol (docs/DESIGN.md, "Rotation"), run by the rotation job on a worker of the
+process's runtime (``_runtime.py``), one rotation of a Log at a time:
+
+1. create log N+1 durably and switch every later record to it; seal log N;
+2. call ``enumerate_all(emit)``: ``emit`` writes *snapshot* records into N+1 while the app's
+   updates keep flowing into the same log;
+3. append the snapshot-complete marker and make it durable;
+4. move CURRENT to N+1, then apply retention.
+
+If ``enumerate_all`` raises, N+1 stays incomplete and writing continues in it; the error is
+logged, counted, handed to ``on_error`` and raised from ``rotate(wait=True)``. The next
+trigger retries with N+2.
+
+When a rotation runs (docs/DESIGN.md, "Rotation"): by default a fired trigger only makes a
+rotation *due*; it starts at a quiet point, the app's next call into the Log, and updates
+are held (:class:`Hold`) until ``enumerate_all`` returns, so the enumeration reads a state
+that every acknowledged update was applied to, whatever locking the app does. With
+``concurrent_enumeration=True`` a trigger starts the rotation at once and updates keep
+flowing beside the enumeration: the app's own per-resource locks keep the two apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from .._errors import EnumerateError, EnumerationStalled, LogClosedError, LogFailedError, PersistLogError
+from .._format.codec import records_list
+from .._runtime import Job, Runtime, weak_method
+from .batch_buffer import NEVER
+from .retention import Retention, apply_retention
+from .segment_writer import move_pointer
+
+if TYPE_CHECKING:
+    from .batch_buffer import BatchBuffer
+    from .batch_writer import BatchWriter
+
+logger = logging.getLogger("persistlog")
+
+
+#: Nanoseconds of enumeration between two times it gives the GIL away (``Emit._give_way``):
+#: well under the interpreter's own switch interval (5 ms), which a thread waiting for the
+#: GIL would otherwise wait out whole.
+YIELD_INTERVAL_NS = 2_000_000
+
+
+class Emit:
+    """What ``enumerate_all`` is given: ``emit(record)`` writes one snapshot record,
+    ``emit.many(records)`` several (a list, or any iterable of records) at
+    ``update_many()``'s cost per record.
+
+    Each record is encoded before the call returns, so the app may change or reuse its
+    objects afterwards, and a record that cannot be logged raises (``TypeError``,
+    ``ValueError``) from the call that emits it. ``emit.many`` is one call where a
+    per-record ``emit`` is one per resource: an app that holds per-resource locks
+    (``concurrent_enumeration=True``) takes its lock once per chunk of resources and emits
+    them in one ``many`` call under it. Either is refused once ``enumerate_all`` returned.
+    Usable wherever a ``Callable[[Any], None]`` is expected.
+    """
+
+    __slots__ = ("_one", "_many", "_open", "count", "_yield_at")
+
+    def __init__(self, one: Callable[[Any], None], many: Callable[[list[Any]], None]) -> None:
+        self._one = one
+        self._many = many
+        self._open = True
+        #: Records emitted so far.
+        self.count = 0
+        self._yield_at = time.monotonic_ns() + YIELD_INTERVAL_NS
+
+    def __call__(self, record: Any) -> None:
+        """Write one snapshot record."""
+        if not self._open:
+            raise RuntimeError("emit() called after enumerate_all returned")
+        self._one(record)
+        self.count += 1
+        if not self.count & 0xFF:
+            self._give_way()
+
+    def many(self, records: Iterable[Any]) -> None:
+        """Write several snapshot records, in their order; raises before writing any record
+        of a chunk (1,024 records) that holds one that cannot be logged."""
+        if not self._open:
+            raise RuntimeError("emit.many() called after enumerate_all returned")
+        items = records_list(records, "emit.many()", "emit()")
+        self._many(items)
+        self.count += len(items)
+        self._give_way()
+
+    def _give_way(self) -> None:
+        """Give the GIL away once every ``YIELD_INTERVAL_NS`` (looked at every 256
+        ``emit`` calls, and at each ``emit.many``): an enumeration of millions of
+        resources would otherwise hold it for whole switch intervals (5 ms) at a time and
+        show up in the latency of the app's other threads. Not more often: ``sleep(0)``
+        costs some 15 us of CPU (a timer: it must truly sleep for a waiting thread to take
+        the GIL), 6 % of a call of ``emit.many`` of 1,000 small records."""
+        now = time.monotonic_ns()
+        if now >= self._yield_at:
+            time.sleep(0)
+            self._yield_at = now + YIELD_INTERVAL_NS
+
+    def close(self) -> None:
+        """Refuse every later call (``enumerate_all`` returned)."""
+        self._open = False
+
+
+EnumerateAll = Callable[[Emit], Any]
+
+# Seconds a held update waits for an enumeration that makes no progress (emits nothing and
+# does not return) before it gives up with EnumerationStalled: long enough for any real
+# pause of an enumeration, short enough to name the usual cause, a lock that enumerate_all
+# waits for and the held caller holds.
+ENUMERATION_STALL = 10.0
+
+
+class Hold:
+    """Updates held while a rotation started at a quiet point enumerates.
+
+    Released once (by the rotation job when ``enumerate_all`` returns or raises, or when
+    the rotation ends without enumerating). Threads wait on a plain lock (see the note on
+    ``Rotator._mutex``); asyncio tasks await ``released``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.released: Future[None] = Future()
+        # Set once a worker took the rotation up: a rotation waiting for a free worker
+        # (others enumerate) is not a stalled enumeration.
+        self._begun = False
+
+    def begin(self) -> None:
+        """The rotation holding these updates started: the stall clock runs from now."""
+        self._begun = True
+
+    def release(self) -> None:
+        """Let the held updates go (idempotent)."""
+        try:
+            self._lock.release()
+        except RuntimeError:
+            return  # released already
+        self.released.set_result(None)
+
+    def wait(self, progress: Callable[[], int]) -> None:
+        """Return once released; raise :class:`EnumerationStalled` if ``progress()`` (the
+        log's next LSN, which only emits move while updates are held) stands still for
+        ``ENUMERATION_STALL`` seconds first."""
+        stall = ENUMERATION_STALL
+        last = progress()
+        since = time.monotonic()
+        while not self._lock.acquire(timeout=min(1.0, stall)):
+            now = progress()
+            if now != last or not self._begun:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= stall:
+                raise EnumerationStalled(
+                    f"this call waited {stall:g}s for enumerate_all, which emitted nothing "
+                    "meanwhile: if it waits for a lock that this call's caller holds, open the log "
+                    "with concurrent_enumeration=True (the concurrency contract: per-resource "
+                    "locks held while logging and while emitting); nothing of this call was logged"
+                )
+        self._lock.release()
+
+
+class Rotator:
+    """Owns the rotation job, the triggers and the record of past rotations.
+
+    It works on the Log's batch buffer (where batches are cut) and batch writer (which
+    starts, completes and seals logs), never on the Log itself. The rotation job is made
+    at the first rotation requested.
+    """
+
+    __slots__ = (
+        "_buffer", "_writer", "_runtime", "concurrent", "gated", "_due", "_hold", "_holds", "enumerate_all",
+        "rotate_bytes", "rotate_records", "rotate_interval", "retention", "on_error", "on_complete",
+        "known_complete", "rotations", "failures", "last_rotation", "last_error", "rotating", "retaining",
+        "_snapshot_bytes", "_pointer_moved", "_started_at", "_mutex", "_queue", "_done", "_complete", "_stop",
+        "_job", "_runner", "__weakref__",
+    )
+
+    def __init__(
+        self,
+        buffer: BatchBuffer,
+        writer: BatchWriter,
+        enumerate_all: EnumerateAll,
+        *,
+        runtime: Runtime,
+        rotate_bytes: int | None,
+        rotate_records: int | None,
+        rotate_interval: float | None,
+        retention: Retention,
+        on_error: Callable[[BaseException], None] | None,
+        known_complete: list[int],
+        on_complete: Callable[[int, int], None] | None = None,
+        concurrent: bool = False,
+    ) -> None:
+        self._buffer = buffer
+        self._writer = writer
+        self._runtime = runtime
+        #: Whether enumerations run beside updates (``concurrent_enumeration=True``), or
+        #: at a quiet point with updates held (the default).
+        self.concurrent = concurrent
+        #: True while updates must pass :meth:`pass_gate` first: a rotation is due (a
+        #: trigger fired) or holds them. Read by the fronts on every update, unlocked.
+        self.gated = False
+        self._due = False
+        self._hold: Hold | None = None
+        self._holds: dict[Future[int], Hold] = {}
+        self.enumerate_all = enumerate_all
+        self.rotate_bytes = rotate_bytes
+        self.rotate_records = rotate_records
+        self.rotate_interval = rotate_interval
+        self.retention = retention
+        self.on_error = on_error
+        self.on_complete = on_complete
+        self.known_complete = list(known_complete)
+        self.rotations = 0
+        self.failures = 0
+        self.last_rotation: dict[str, Any] | None = None
+        self.last_error: BaseException | None = None
+        self.rotating = False  # a rotation owns the head of the queue (its retention too)
+        self.retaining = False  # ... and is deleting old logs
+        self._snapshot_bytes = 0
+        self._pointer_moved = True  # whether the last rotation's CURRENT move succeeded
+        self._started_at = time.monotonic()
+        # App threads take the plain lock: Condition's own __enter__ is Python code, and a
+        # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
+        self._mutex = threading.RLock()
+        self._queue: list[Future[int]] = []
+        # Per request, a lock released once it is done (retention included), and one
+        # released once its log is complete: rotate() waits on the first, open() on the
+        # second, not on the Future (whose methods take a Condition).
+        self._done: dict[Future[int], threading.Lock] = {}
+        self._complete: dict[Future[int], threading.Lock] = {}
+        self._stop = False
+        # Rotations run on the runtime's workers, one of this Log's at a time (a long job:
+        # enumerate_all is app code that may take minutes), made at the first request. The
+        # job holds the Rotator only while it runs.
+        self._job: Job | None = None
+        # The worker running this Log's rotation, while one runs (enumerate_all, on_error,
+        # on_complete and retention included): what "inside enumerate_all" means.
+        self._runner: threading.Thread | None = None
+
+    # -- requests -----------------------------------------------------------------------
+
+    @property
+    def due(self) -> bool:
+        """Whether a fired trigger's rotation waits for the app's next call."""
+        return self._due
+
+    def trigger(self) -> None:
+        """A trigger fired (size, count, interval, signal, a secondary taken back): rotate
+        now beside the updates (``concurrent``), or at the next quiet point."""
+        if self.concurrent:
+            self.request()
+            return
+        with self._mutex:
+            if not self._stop:
+                self._due = True
+                self.gated = True
+
+    def request(self, coalesce: bool = True, hold: Hold | None = None) -> Future[int]:
+        """Ask for a rotation; a trigger joins a request not yet started. With ``hold``,
+        updates are held from now until its enumeration returns."""
+        with self._mutex:
+            if self._stop:
+                fut: Future[int] = Future()
+                fut.set_exception(PersistLogError("the log is closing; no rotation was started"))
+                if hold is not None:
+                    if self._hold is hold:
+                        self._hold = None
+                        self.gated = False
+                    hold.release()
+                return fut
+            # Join a request not yet started; never one already running (its enumeration
+            # may have passed the change that fired this trigger) or finished.
+            # (Only the head can be running or done: it is while `rotating`.)
+            if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
+                return self._queue[-1]
+            fut = Future()
+            done, complete = threading.Lock(), threading.Lock()
+            done.acquire()
+            complete.acquire()
+            self._done[fut] = done
+            self._complete[fut] = complete
+            if hold is not None:
+                self._holds[fut] = hold
+                self._hold = hold
+                self._due = False
+                self.gated = True
+            self._queue.append(fut)
+            job = self._job
+            if job is None:
+                job = self._job = self._runtime.job(
+                    weak_method(self._serve), f"persistlog-rotation {self._writer.dest.url}", long=True)
+            job.run_soon()
+            return fut
+
+    # -- the quiet point ----------------------------------------------------------------
+
+    def claim_quiet_point(self) -> tuple[Hold | None, bool]:
+        """At an app's call while ``gated``: the hold to wait for, and whether this caller
+        must start the rotation (it was due and nobody holds the updates yet). A claimed
+        hold holds updates at once; pass it to :meth:`request` (or :meth:`give_up`)."""
+        with self._mutex:
+            if self._hold is not None:
+                return self._hold, False
+            if self._due and not self._stop and not self.in_rotation():
+                self._due = False
+                self._hold = Hold()
+                return self._hold, True
+            self._due = False
+            self.gated = False
+            return None, False
+
+    def hold_updates(self) -> Hold:
+        """Hold updates from now on, for a rotation requested later with this hold (an
+        asyncio ``rotate()`` first lets the tasks told of their records run on)."""
+        with self._mutex:
+            hold = self._hold = Hold()
+            self.gated = True
+            return hold
+
+    def give_up(self, hold: Hold) -> None:
+        """A claimed hold whose rotation was not requested (its caller was interrupted):
+        the rotation is due again and the updates go on."""
+        with self._mutex:
+            if self._hold is hold:
+                self._hold = None
+                self._due = not self._stop
+                self.gated = self._due
+        hold.release()
+
+    def pass_gate(self) -> None:
+        """The quiet point of a thread's call (``update()``, ``update_many()``): start a due
+        rotation, or wait for one that holds updates. Raises :class:`EnumerationStalled`
+        if the enumeration stands still (nothing of the call is logged then)."""
+        if self.in_rotation():
+            return  # an update() from inside enumerate_all goes on beside its emits
+        while self.gated:
+            hold, mine = self.claim_quiet_point()
+            if hold is None:
+                return
+            if mine:
+                try:
+                    self.request(coalesce=False, hold=hold)
+                except BaseException:
+                    self.give_up(hold)
+                    raise
+            hold.wait(self._next_lsn)
+
+    def _next_lsn(self) -> int:
+        return self._buffer.next_lsn
+
+    def _let_go_of(self, fut: Future[int]) -> None:
+        """Release the updates ``fut``'s rotation holds, if any."""
+        with self._mutex:
+            hold = self._holds.pop(fut, None)
+            if hold is None:
+                return
+            if self._hold is hold:
+                self._hold = None
+                self.gated = self._due
+        hold.release()
+
+    def wait(self, fut: Future[int], timeout: float | None = None, retention: bool = True) -> int:
+        """``fut.result(timeout)``, waiting on a plain lock: an interruption there leaves
+        nothing held. With ``retention=False`` it returns once the log is complete, while
+        the job may still delete old logs (open(): an object store's old logs take a
+        request per segment)."""
+        done = (self._done if retention else self._complete).get(fut)
+        if done is not None:
+            if not done.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError(f"the rotation did not finish within {timeout}s")
+            done.release()
+        return fut.result(0)
+
+    def start_after_snapshot(self) -> int:
+        """Start the next log without an enumeration, for open() when the newest log is a
+        complete log holding a fresh snapshot and nothing after it: restore starts there
+        and reads this one after it, and the next trigger's rotation makes a new
+        complete log as usual."""
+        writer = self._writer
+        seq = writer.seq + 1
+        writer.start_log(seq)
+        self._arm_records(False)
+        logger.info("log %d started at %s after the snapshot of log %d, without an opening enumeration",
+                 seq, writer.dest.url, seq - 1)
+        return seq
+
+    def _finished(self, fut: Future[int]) -> None:
+        self._release(self._complete, fut)
+        self._release(self._done, fut)
+
+    @staticmethod
+    def _release(locks: dict[Future[int], threading.Lock], fut: Future[int]) -> None:
+        lock = locks.pop(fut, None)
+        if lock is not None:
+            lock.release()
+
+    def check_triggers(self) -> None:
+        """Called after each batch: cheap checks of the size and count triggers.
+
+        Between checks the writer cuts its batches where a trigger would fire (the
+        record-count trigger's LSN, the bytes left before the size trigger), and a fired
+        trigger holds the writers that hand batches over until the new log is started: a
+        log overshoots a trigger by at most about one batch (``batch_bytes``). A trigger
+        crossed while the log's own enumeration still runs fires when it ends.
+        """
+        writer, buffer = self._writer, self._buffer
+        sw = writer.current
+        if sw is None:
+            return
+        records_due = self.rotate_records is not None and writer.log_update_records >= self.rotate_records
+        # Not the Futures' own done(): it enters a Condition (see the note on _mutex). The
+        # head of the queue is done once it is retaining; the others have not started.
+        if self._due or len(self._queue) > 1 or (self._queue and not self.retaining):
+            # Whole batches while a rotation is due or enumerating; this runs again after
+            # it. (One only deleting old logs has a complete log already: queue the next.)
+            buffer.cut_batches_at(None)
+            self._arm_records(records_due)
+            return
+        log_bytes = sw.bytes_written - self._snapshot_bytes
+        if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
+            self._arm_records(True)
+            buffer.cut_batches_at(None)
+            if not self.concurrent:
+                self.trigger()  # the app's next call starts it, with updates held
+                return
+            # Set before the request: the rotation job may switch before it returns.
+            writer.hold_writers_for_switch()
+            self.request()
+            if self._stop:  # refused: the log is closing
+                self._switched()
+            return
+        self._arm_records(False)
+        if self.rotate_bytes is not None:
+            buffer.cut_batches_at(self.rotate_bytes - log_bytes)
+
+    def _arm_records(self, off: bool) -> None:
+        """Have update() hand its batch over at the record-count trigger (buffered mode)."""
+        writer = self._writer
+        if off or self.rotate_records is None:
+            self._buffer.cut_at_lsn(NEVER)
+        else:
+            self._buffer.cut_at_lsn(writer.written_lsn + self.rotate_records - writer.log_update_records - 1)
+
+    def _switched(self) -> None:
+        """Release the writers a fired trigger holds (the new log is started, or will not be)."""
+        self._writer.release_writers_held_for_switch()
+
+    def check_interval(self) -> None:
+        if self.rotate_interval is None or self.rotating or self._queue or self._due:
+            return
+        if time.monotonic() - self._started_at >= self.rotate_interval:
+            self.trigger()
+
+    def next_interval_check(self) -> float | None:
+        """When :meth:`check_interval` is next worth calling (``time.monotonic()``), or
+        None without an interval trigger. While a rotation is due, queued or running the
+        check waits one more interval (a rotation that starts resets the clock)."""
+        if self.rotate_interval is None:
+            return None
+        due = self._started_at + self.rotate_interval
+        if self.rotating or self._queue or self._due:
+            due = max(due, time.monotonic() + self.rotate_interval)
+        return due
+
+    def in_rotation(self) -> bool:
+        """Whether the calling thread is the worker running this Log's rotation (inside
+        ``enumerate_all``, ``on_error``, ``on_complete`` or retention)."""
+        return self._runner is threading.current_thread()
+
+    def refuse_from_rotation_thread(self, call: str) -> None:
+        """Raise ``RuntimeError`` if called from inside ``enumerate_all`` (or ``on_error``).
+
+        ``call`` waits for the rotation that is running on this very thread: it would
+        wait forever.
+        """
+        if self.in_rotation():
+            raise RuntimeError(
+                f"{call} cannot be called from inside enumerate_all (this Log's rotation): "
+                "it waits for the rotation that is running there"
+            )
+
+    # -- the rotation job ---------------------------------------------------------------
+
+    def _serve(self) -> float | None:
+        """The rotation job: run the rotation at the head of the queue; run again at once
+        while more are queued (each rotation is a run of its own, so that the worker goes
+        back to the pool between two)."""
+        self._runner = threading.current_thread()
+        try:
+            if not self._serve_head():
+                return None
+        finally:
+            self._runner = None
+        return 0.0 if self._queue and not self._stop else None
+
+    def _serve_head(self) -> bool:
+        """Run the rotation at the head of the queue; False if there is none."""
+        with self._mutex:
+            if not self._queue:
+                return False
+            fut = self._queue[0]
+            self.rotating = True
+            hold = self._holds.get(fut)
+        if hold is not None:
+            hold.begin()
+        done = False
+        try:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    seq = self._rotate(fut)
+                except BaseException as e:
+                    fut.set_exception(e)
+                else:
+                    fut.set_result(seq)
+                    self._release(self._complete, fut)
+                    self.retaining = True
+                    try:
+                        self._retain()
+                    finally:
+                        self.retaining = False
+                    done = True
+        finally:
+            self._let_go_of(fut)
+            with self._mutex:
+                self._queue.pop(0)
+                self.rotating = False
+            self._finished(fut)
+        if done:
+            # Batches written while this rotation ran skipped the size and count checks;
+            # check once now, or a trigger crossed meanwhile waits for the next batch.
+            self.check_triggers()
+        return True
+
+    def _rotate(self, fut: Future[int]) -> int:
+        writer = self._writer
+        started = time.monotonic()
+        self._started_at = started
+        seq = writer.seq + 1
+        try:
+            writer.start_log(seq)
+            self._arm_records(False)
+        finally:
+            self._switched()
+        self._snapshot_bytes = 0
+        emit = Emit(writer.emit, writer.emit_many)
+        try:
+            self.enumerate_all(emit)
+        except BaseException as e:
+            emit.close()
+            self._let_go_of(fut)
+            self.failures += 1
+            self.last_error = e
+            if isinstance(e, LogFailedError) or writer.failed is not None:
+                raise
+            logger.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
+            if self.on_error is not None:
+                try:
+                    self.on_error(e)
+                except Exception:
+                    logger.exception("on_error callback raised")
+            raise EnumerateError(f"enumerate_all raised during rotation to log {seq}: {e!r}") from e
+        emit.close()
+        emitted = emit.count
+        self._let_go_of(fut)  # held updates go on: the snapshot has read the state
+        complete_lsn, self._snapshot_bytes = writer.complete_log(emitted)
+        self._pointer_moved = move_pointer(writer.dest, seq)
+        self.known_complete.append(seq)
+        self.rotations += 1
+        self.last_rotation = {
+            "seq": seq,
+            "snapshot_records": emitted,
+            "seconds": round(time.monotonic() - started, 6),
+            "finished": time.time(),
+        }
+        logger.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted,
+                 self.last_rotation["seconds"])
+        if self.on_complete is not None:
+            self.on_complete(seq, complete_lsn)
+        return seq
+
+    def _retain(self) -> None:
+        if not self._pointer_moved:
+            # Old logs go only once a newer complete log *and its pointer* are durable
+            # (docs/DESIGN.md invariant 4): wait for a rotation whose CURRENT move succeeds.
+            logger.warning("retention at %s postponed: CURRENT was not moved", self._writer.dest.url)
+            return
+        try:
+            apply_retention(self._writer.dest, self.known_complete, self.retention, self._writer.seq)
+        except BaseException as e:  # the rotation job must outlive anything retention meets
+            logger.warning("retention at %s failed (will retry after the next rotation): %s", self._writer.dest.url, e)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait for a running rotation (``timeout`` seconds at most), drop queued ones,
+        run the rotation job no more."""
+        with self._mutex:
+            self._stop = True
+            # The rotation job owns the head of the queue while `rotating` (it is waited
+            # for); the ones never started fail as the Log does from now on, not with a bare
+            # CancelledError in a rotate(wait=True) caller.
+            start = 1 if self.rotating else 0
+            dropped = self._queue[start:]
+            for fut in dropped:
+                if not fut.done():
+                    fut.set_exception(LogClosedError("the log was closed before this rotation started"))
+                self._finished(fut)
+            del self._queue[start:]
+            self._due = False
+        for fut in dropped:
+            self._let_go_of(fut)
+        self._switched()
+        job = self._job
+        if job is None:
+            return
+        job.cancel()
+        if not job.wait_idle(timeout):
+            logger.warning("closing %s without waiting any longer for the rotation in progress", self._writer.dest.url)
+
+    def idle(self) -> bool:
+        """Whether no rotation runs or waits (retention included)."""
+        return not self.rotating and not self._queue
