@@ -21,7 +21,6 @@ reaches into how a ``Log`` works.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -43,22 +42,13 @@ from .._format import constants as F
 from .._format.codec import Codec
 from .._format.crypt import Keyring
 from .._format.decoder import Damage, parse_log_set_marker
+from .._format.log_set_layout import DEFAULT_DEPTH, MAX_DEPTH, MIN_DEPTH, key_name, name_key, shards
 from .._read.restore import RestoreResult
 from .._write.log import Log
 from .._write.rotation import EnumerateAll
 
 logger = logging.getLogger("persistlog")
 
-#: Shard levels a set may have: 256 shards per level.
-MIN_DEPTH, MAX_DEPTH, DEFAULT_DEPTH = 1, 4, 1
-#: A key's directory name (the key percent-encoded) is at most this many bytes: what
-#: ext4, XFS and most file systems allow in one name. Any key of up to 85 UTF-8 bytes fits.
-MAX_NAME_BYTES = 255
-
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_ENCODED = [chr(b) if b in _SAFE else f"%{b:02X}" for b in range(256)]
-_NAME = re.compile(r"[A-Za-z0-9._-]|%[0-9A-F]{2}")
-_PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 _SHARD = re.compile(r"[0-9a-f]{2}")
 # Shard directories listed at once on a remote store (latency-bound).
 LIST_THREADS = 16
@@ -78,50 +68,6 @@ _NOT_SHARED = {
     "secondaries": "a secondary holds one log: pass secondaries= to LogSet.open() for that key",
     "rotate_on_signal": "a signal handler is the process's, not each log's: rotate logs from the app",
 }
-
-
-def key_name(key: str) -> str:
-    """The directory name of ``key``: percent-encoded, one-to-one (:func:`name_key` is its
-    inverse). ``TypeError`` for a non-str, ``ValueError`` for an empty key or one whose
-    name would pass ``MAX_NAME_BYTES``."""
-    if not isinstance(key, str):
-        raise TypeError(f"a LogSet key must be a str, not {type(key).__name__}")
-    if not key:
-        raise ValueError("a LogSet key must not be empty")
-    raw = key.encode("utf-8", "surrogatepass")
-    name = "".join([_ENCODED[b] for b in raw])
-    if name[0] == ".":
-        name = "%2E" + name[1:]
-    if len(name) > MAX_NAME_BYTES:
-        raise ValueError(
-            f"LogSet key {key[:40]!r}... is too long: its directory name would be {len(name)} bytes, "
-            f"at most {MAX_NAME_BYTES} (any key of up to 85 UTF-8 bytes fits)"
-        )
-    return name
-
-
-def name_key(name: str) -> str | None:
-    """The key whose directory name is ``name``; None for a name no key has."""
-    if _PLAIN.fullmatch(name) and name[0] != "." and len(name) <= MAX_NAME_BYTES:
-        return name  # nothing encoded: the name is its own key (as key_name says)
-    pieces = _NAME.findall(name)
-    if not name or sum(map(len, pieces)) != len(name):
-        return None
-    raw = bytes(int(p[1:], 16) if len(p) == 3 else ord(p) for p in pieces)
-    try:
-        key = raw.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return None
-    try:
-        return key if key_name(key) == name else None
-    except ValueError:
-        return None
-
-
-def shards(key: str, depth: int) -> list[str]:
-    """The shard directories of ``key`` in a set of ``depth`` levels, outermost first."""
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
-    return [digest[2 * i : 2 * i + 2] for i in range(depth)]
 
 
 def _join(root: str, *parts: str) -> str:

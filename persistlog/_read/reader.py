@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from destinations import Destination, subdirectories
+from destinations import Destination, open_destination, subdirectories
 
 from .._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
 from .._format import constants as F
@@ -31,6 +31,7 @@ from .._format.decoder import (
     control_records,
     parse_batch_header,
     parse_closed_note,
+    parse_log_set_marker,
     parse_pointer,
     parse_segment_header,
     parse_trailer,
@@ -38,6 +39,7 @@ from .._format.decoder import (
     split_records,
 )
 from .._format.encoder import seal_trailer
+from .._format.log_set_layout import key_name, name_key, shards
 from .._format.shared_values import ValueTable
 
 logger = logging.getLogger("persistlog")
@@ -290,7 +292,7 @@ def why_no_log(dest: Destination) -> str | None:
     try:
         names = dest.list()
     except FileNotFoundError:
-        return dest.describe_missing()
+        return _missing(dest)
     if any(F.parse_segment_name(n) is not None for n in names) or F.CURRENT_NAME in names:
         return None
     if F.LOG_SET_NAME in names:
@@ -299,7 +301,7 @@ def why_no_log(dest: Destination) -> str | None:
     if names:
         return f"it holds {len(names)} other file{'s' if len(names) != 1 else ''} ({_first_few(names)}) and no log segment"
     if not dest.exists():
-        return dest.describe_missing()
+        return _missing(dest)
     try:
         dirs = subdirectories(dest.url, dest.storage_options)
     except (OSError, ValueError):
@@ -308,6 +310,35 @@ def why_no_log(dest: Destination) -> str | None:
         return (f"it holds {len(dirs)} director{'ies' if len(dirs) != 1 else 'y'} ({_first_few([f'{d}/' for d in dirs])}) "
                 "and no log segment: a directory above a log (a log set's shard?); name the log's own directory")
     return "it is empty"
+
+
+def _missing(dest: Destination) -> str:
+    """What a missing location is: the destination's words, and where the log is when the
+    location names a key of a log set without its shards (``root/alice`` for the log at
+    ``root/2b/alice``)."""
+    missing = dest.describe_missing()
+    parent, _, name = dest.url.rstrip("/").rpartition("/")
+    if not parent or not name:
+        return missing
+    key = name_key(name) or name
+    try:
+        root = open_destination(parent, **dest.storage_options)
+    except (OSError, ValueError):
+        return missing
+    try:
+        depth = parse_log_set_marker(root.read(F.LOG_SET_NAME, 0, F.LOG_SET_SIZE + 1))
+        there = "/".join([parent, *shards(key, depth), key_name(key)])
+        log = open_destination(there, **dest.storage_options)
+        try:
+            found = log.exists()
+        finally:
+            log.close()
+    except (OSError, ValueError, Damage):
+        return missing
+    finally:
+        root.close()
+    where = f"the log of key {key!r} is {there}" if found else f"key {key!r} has no log in it (it would be {there})"
+    return f"{missing}; {parent} is the root of a log set ({F.LOG_SET_NAME}): {where}"
 
 
 def _first_few(names: list[str]) -> str:

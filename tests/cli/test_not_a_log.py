@@ -233,3 +233,24 @@ def test_a_log_sets_shard_directory_is_named_as_a_directory_above_a_log(tmp_path
     assert run.status == 2
     assert f"no persistlog log at {shard}: it holds 1 directory (alice/) and no log segment" in run.err
     assert os.listdir(shard) == ["alice"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_key_named_under_a_log_set_root_without_its_shard_says_where_its_log_is(tmp_path: Path, command: str) -> None:
+    # root/alice for root/2b/alice: the typo a stranger makes first. The reader says where
+    # the key's log is, and for a key the set does not hold, where it would be.
+    root = str(tmp_path / "broker")
+    with persistlog.LogSet(root, create=True) as logs:
+        logs.open("user:1", lambda emit: None).update({"k": 1})
+        there, absent = logs.url("user:1"), logs.url("bob")
+    before = sorted(os.walk(root))
+    for typed, key, said in ((f"{root}/user:1", "user:1", f"the log of key 'user:1' is {there}"),
+                             (f"{root}/user%3A1", "user:1", f"the log of key 'user:1' is {there}"),
+                             (f"{root}/bob", "bob", f"key 'bob' has no log in it (it would be {absent})")):
+        run = cli(command, typed)
+        assert run.status == 2 and run.out == "", (typed, run.err)
+        assert run.err.strip() == (
+            f"persistlog: no persistlog log at {typed}: the directory does not exist; {root} is the root of a "
+            f"log set (LOGSET): {said}"
+        ), key
+    assert sorted(os.walk(root)) == before  # nothing written

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 import persistlog
 from persistlog._format import encoder
 from persistlog._format import constants as F
-from persistlog._apps.log_set import key_name, name_key
+from persistlog._format.log_set_layout import key_name, name_key
 
 KEYS = [
     "user:1",

@@ -201,7 +201,7 @@ def test_fence_segment_is_the_bytes_the_doc_spells() -> None:
 
 def test_log_set_marker_as_the_doc_spells_it() -> None:
     from persistlog._format import encoder
-    from persistlog._apps.log_set import key_name, shards
+    from persistlog._format.log_set_layout import key_name, shards
 
     logset = section("LOGSET")
     assert f"layout version, u16 = {F.LOG_SET_VERSION}" in logset and f"`{F.LOG_SET_NAME}`" in logset
