@@ -217,7 +217,7 @@ def test_batches_mixing_snapshot_records_and_updates_keep_each_records_kind(
 MIXED_WORKLOAD = """
 import json, sys
 sys.path[:0] = [sys.argv[3], sys.argv[3] + "/tests"]
-from tests.persistlog.test_emit_many import run_mixed_plan
+from tests.persistlog.write.test_emit_many import run_mixed_plan
 
 print(json.dumps(run_mixed_plan(sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[4]))))
 """
