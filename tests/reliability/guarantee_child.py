@@ -83,7 +83,9 @@ ENDINGS = ("close", "exit", "kill", "interrupt", "pause")
 KEYS = 40
 QUEUE_KEY = "alice"  # README's queue
 QUEUE_SEND = 0.55  # of the queue's calls, sends (the rest: a receive and its ack, or a receive alone)
-QUEUE_HOLD = 0.05  # receives left unacknowledged
+QUEUE_HOLD = 0.05  # receives left unacknowledged...
+QUEUE_HELD = 20  # ...at most so many per writer (they wait for a restart)
+QUEUE_WAITING = 40  # past so many messages not delivered, sends are fewer than receives
 ROUND = 10  # tasks gathered at once by the asyncio pattern
 # A child told to wait for Ctrl-C that makes this many calls was never interrupted.
 MAX_CALLS = 500_000
@@ -133,18 +135,21 @@ def queue_units(rng: random.Random, run: int) -> Iterator[Unit]:
     none). A writer that restored messages delivers those first and its ids go on from
     the restored ones: it makes the same kinds of calls with the same bodies, and reports
     the ids it got."""
-    sent = 0
+    sent = held = 0
     waiting: list[int] = []  # sent, not delivered yet, oldest first
     for i in count():
         roll = rng.random()
-        if roll < QUEUE_SEND or not waiting:
+        # However long a writer goes on (until a follower is done lagging), the queue
+        # stays under a hundred messages long, far from README's max_messages=1000.
+        if roll < (QUEUE_SEND if len(waiting) < QUEUE_WAITING else 1 - QUEUE_SEND) or not waiting:
             sent += 1
             waiting.append(sent)
             yield [("put", f"m{sent}", f"{run}:{i}:" + "x" * rng.randrange(0, 120))]
-        elif roll < 1 - QUEUE_HOLD:
+        elif roll < 1 - QUEUE_HOLD or held == QUEUE_HELD:
             yield [("del", f"m{waiting.pop(0)}")]
         else:
             waiting.pop(0)
+            held += 1
             yield []
 
 
