@@ -17,9 +17,10 @@ An exception that is not an ``OSError`` (a ``KeyboardInterrupt`` in the app's th
 stop an append between its I/O and its bookkeeping. Each writer then knows what it was
 doing (``_appending``, ``_putting``) and settles it at its next call from what storage
 really holds: an append that went through is counted, one that went half way is cut
-back. ``append`` of a batch it holds already does nothing (a record batch whose LSNs were
-appended, or the control batch appended last), so the Log simply hands an interrupted
-batch over again. The chain head (:attr:`SegmentWriter.head`, what the next batch links
+back, and a PUT is made again with the same bytes (the one interrupted may still land,
+its request going on in the client library's thread). ``append`` of a batch it holds
+already does nothing (a record batch whose LSNs were appended, or the control batch
+appended last), so the Log simply hands an interrupted batch over again. The chain head (:attr:`SegmentWriter.head`, what the next batch links
 to) is part of that bookkeeping: it is always the hash of the last batch the writer holds,
 whatever an interruption cut short.
 """
@@ -346,16 +347,22 @@ class ObjectSegments(SegmentWriter):
             self._appending = None
         putting = self._putting
         if putting is not None:
+            # The interrupted PUT may not have landed yet, and land later: the client
+            # library's request goes on in its own thread once the caller is interrupted.
+            # So it is made again, the same bytes at the same name, create-only: what is
+            # there with these bytes is this PUT landed, anything else another writer's.
             number, data, count, seal = putting
             name = F.segment_name(self.seq, number)
             try:
-                landed = self.dest.read(name) == data
-            except FileNotFoundError:
-                landed = False
-            if landed:
-                self._put_done(number, len(data), count, seal)
-            else:
-                self._putting = None
+                self.dest.create(name, data)
+            except FileExistsError as e:
+                try:
+                    ours = self.dest.read(name) == data
+                except FileNotFoundError:
+                    ours = False
+                if not ours:
+                    raise FileExistsError(f"{self.dest.url}/{name} exists already") from e
+            self._put_done(number, len(data), count, seal)
 
     def _put(self, extra: bytes = b"", trailer: bool = False) -> None:
         number = self.segment + 1

@@ -11,17 +11,27 @@ The patterns (their code is taken from README.md by ``tests/readme_code.py``):
   batch with ``replay``;
 - ``store``: ``ResourceStore`` (``store[k] = v``, ``del store[k]``, ``store.update({...})``);
 - ``async``: the asyncio tour's ``enumerate_all`` and ``put`` on ``open_async``, the
-  tasks of each round gathered.
+  tasks of each round gathered;
+- ``queue``: README's "Durable queues" block, whose calls are not functions to take from
+  README, so they are written here as README shows them: ``with persistlog.LogSet(url) as
+  mailboxes``, ``alice = persistlog.Queue.open_in(mailboxes, "alice", max_messages=1000,
+  ttl=7 * 86400)`` (the case's options added), then ``alice.send(body)``, ``m =
+  alice.receive()`` followed by ``alice.ack(m.id)``, and now and then a ``receive()``
+  left unacknowledged ("delivered, never acknowledged"). A call is modelled as the
+  key-value ops of a dict ``{"m<id>": body}``: a send puts its message, an ack deletes
+  it, a receive alone changes nothing.
 
-CONFIG (JSON): ``pattern``, ``url``, ``storage_options``, ``open`` (keyword arguments of
-``persistlog.open``: durability, triggers, retain, secondaries...), ``seed``, ``run`` (0
+CONFIG (JSON): ``pattern``, ``url`` (the queue's: its LogSet's root), ``storage_options``,
+``open`` (keyword arguments of ``persistlog.open``: durability, triggers, retain,
+secondaries...), ``seed``, ``run`` (0
 for the first writer on the destination, 1 for the next...), ``units`` (how many calls;
 with ``stop_file``, at least so many, then until that file exists), ``sync_every`` (in
 ``buffered`` mode every so many calls, or rounds of the asyncio pattern, one is made
 durable, with ``sync=True`` or ``sync()``), ``ending``, ``late`` (calls after a pause) and ``open_retry`` (seconds to try
 again while a killed writer's lease holds the destination).
 
-Like README's app, the child restores first (restore then open, or ResourceStore.open).
+Like README's app, the child restores first (restore then open, or ResourceStore.open
+and Queue.open_in, which restore).
 It reports on stdout, one ``os.write`` per line (JSON), so that a line is whole or absent
 whenever the process dies:
 
@@ -68,9 +78,14 @@ Op = tuple[Any, ...]
 #: What one call logs: one record, or one batch (all or none).
 Unit = list[Op]
 
-PATTERNS = ("change", "update_many", "store", "async")
+PATTERNS = ("change", "update_many", "store", "async", "queue")
 ENDINGS = ("close", "exit", "kill", "interrupt", "pause")
 KEYS = 40
+QUEUE_KEY = "alice"  # README's queue
+QUEUE_SEND = 0.55  # of the queue's calls, sends (the rest: a receive and its ack, or a receive alone)
+QUEUE_HOLD = 0.05  # receives left unacknowledged...
+QUEUE_HELD = 20  # ...at most so many per writer (they wait for a restart)
+QUEUE_WAITING = 40  # past so many messages not delivered, sends are fewer than receives
 ROUND = 10  # tasks gathered at once by the asyncio pattern
 # A child told to wait for Ctrl-C that makes this many calls was never interrupted.
 MAX_CALLS = 500_000
@@ -85,6 +100,9 @@ def units(pattern: str, seed: int, run: int) -> Iterator[Unit]:
     batch names each key once; the asyncio pattern puts ints (README's ``put(key: str,
     value: int)``), ``ROUND`` distinct keys per round."""
     rng = random.Random(f"{pattern}:{seed}:{run}")
+    if pattern == "queue":
+        yield from queue_units(rng, run)
+        return
     live: list[str] = []
     for i in count():
         if pattern == "async":
@@ -111,10 +129,35 @@ def units(pattern: str, seed: int, run: int) -> Iterator[Unit]:
             yield [("put", key, value)]
 
 
-def late_units(run: int, start: int) -> Iterator[Unit]:
-    """The calls a paused writer makes once it runs again: keys no other call uses."""
+def queue_units(rng: random.Random, run: int) -> Iterator[Unit]:
+    """The queue's calls as a queue that starts empty makes them: ids from 1, one per
+    send; a receive takes the oldest message not delivered yet (a send when there is
+    none). A writer that restored messages delivers those first and its ids go on from
+    the restored ones: it makes the same kinds of calls with the same bodies, and reports
+    the ids it got."""
+    sent = held = 0
+    waiting: list[int] = []  # sent, not delivered yet, oldest first
+    for i in count():
+        roll = rng.random()
+        # However long a writer goes on (until a follower is done lagging), the queue
+        # stays under a hundred messages long, far from README's max_messages=1000.
+        if roll < (QUEUE_SEND if len(waiting) < QUEUE_WAITING else 1 - QUEUE_SEND) or not waiting:
+            sent += 1
+            waiting.append(sent)
+            yield [("put", f"m{sent}", f"{run}:{i}:" + "x" * rng.randrange(0, 120))]
+        elif roll < 1 - QUEUE_HOLD or held == QUEUE_HELD:
+            yield [("del", f"m{waiting.pop(0)}")]
+        else:
+            waiting.pop(0)
+            held += 1
+            yield []
+
+
+def late_units(run: int, start: int, pattern: str = "") -> Iterator[Unit]:
+    """The calls a paused writer makes once it runs again: keys no other call uses (the
+    queue's: sends of bodies no other call sends, their ids the queue's)."""
     for i in count(start):
-        yield [("put", f"late{run}-{i}", i)]
+        yield [("put", "m?", f"late{run}-{i}")] if pattern == "queue" else [("put", f"late{run}-{i}", i)]
 
 
 def record(op: Op) -> dict[str, Any]:
@@ -174,7 +217,7 @@ class Run:
 
     def late_calls(self) -> Iterator[tuple[int, Unit]]:
         start = self.cfg["units"]
-        return enumerate(islice(late_units(self.cfg["run"], start), self.cfg.get("late", 0)), start)
+        return enumerate(islice(late_units(self.cfg["run"], start, self.pattern), self.cfg.get("late", 0)), start)
 
     def sync_point(self, i: int) -> bool:
         every: int = self.cfg["sync_every"]
@@ -218,12 +261,14 @@ class Run:
             close()
 
 
-def drive(run: Run, do: Callable[[Unit, bool], int], close: Callable[[], Any], rotate: Callable[[], Any]) -> None:
+def drive(run: Run, do: Callable[[Unit, bool], int], close: Callable[[], Any], rotate: Callable[[], Any],
+          made: Callable[[Unit], Unit] = lambda unit: unit) -> None:
     """Make the calls one after the other with ``do(unit, sync)`` (logs, applies, returns
-    the LSN), then end as configured."""
+    the LSN; ``made(unit)`` is the call as it was made), then end as configured."""
     for i, unit in run.calls():
         sync = run.sync_point(i)
-        run.acked(i, unit, do(unit, sync), sync)
+        lsn = do(unit, sync)
+        run.acked(i, made(unit), lsn, sync)
     if run.ending == "pause":
         rotate()
     run.freeze()
@@ -235,7 +280,7 @@ def drive(run: Run, do: Callable[[Unit, bool], int], close: Callable[[], Any], r
             except Exception as e:  # fenced: the next writer owns the destination
                 run.failed(e)
                 break
-            run.acked(i, unit, lsn, sync)
+            run.acked(i, made(unit), lsn, sync)
     run.finish(close)
 
 
@@ -364,6 +409,44 @@ def run_async(run: Run) -> None:
     asyncio.run(async_pattern(run))
 
 
+def queue_pattern(run: Run) -> None:
+    """README's queue block, its calls as README writes them (see the module docstring)."""
+    options = dict(run.options)
+    storage_options = options.pop("storage_options", None)
+    mailboxes = persistlog.LogSet(run.url, storage_options=storage_options)
+    KEEP.append(mailboxes)  # the "exit" ending leaves it open, as a script's global would
+    with contextlib.ExitStack() as stack:
+        if run.ending != "exit":
+            stack.enter_context(mailboxes)  # with persistlog.LogSet(...) as mailboxes:
+        alice = run.opened(lambda: persistlog.Queue.open_in(mailboxes, QUEUE_KEY, max_messages=1000, ttl=7 * 86400,
+                                                            **options))
+        run.ready()
+        last: list[Unit] = []  # the call as made: the ids the queue gave
+
+        def do(unit: Unit, sync: bool) -> int:
+            if unit and unit[0][0] == "put":
+                body = unit[0][2]
+                message_id = alice.send(body.encode())
+                last[:] = [[("put", f"m{message_id}", body)]]
+            else:
+                m = alice.receive()
+                if m is None:
+                    raise AssertionError(f"receive() found no message for call {unit}")
+                if unit:
+                    if not alice.ack(m.id):
+                        raise AssertionError(f"ack({m.id}) of a message just received returned False")
+                    last[:] = [[("del", f"m{m.id}")]]
+                else:
+                    last[:] = [[]]
+            if sync:
+                alice.sync()
+            return alice.log.next_lsn - 1
+
+        # The close is the with block's: LogSet.close() closes the queue's log (the
+        # block's own exit calls it again, which does nothing).
+        drive(run, do, mailboxes.close, alice.rotate, lambda unit: last[0])
+
+
 def main() -> None:
     # Python's own Ctrl-C handler, whatever the parent left (a shell's background job
     # ignores SIGINT): a script run from a terminal has it.
@@ -371,6 +454,7 @@ def main() -> None:
     run = Run(json.loads(sys.argv[1]))
     body: dict[str, Callable[[Run], Any]] = {
         "change": change_pattern, "update_many": update_many_pattern, "store": store_pattern, "async": run_async,
+        "queue": queue_pattern,
     }
     body[run.pattern](run)
 

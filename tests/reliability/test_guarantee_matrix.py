@@ -19,21 +19,34 @@ that reports each acknowledged call, then ends:
   the paused writer acknowledges as durable after it woke up is restored, all of its calls
   if its ``close()`` returns (a clean close makes every call durable, in any mode).
 
+The queue (README's ``Queue`` in a ``LogSet``, whose ``with`` block closes it, after an
+interrupt too) is checked the same way, its state being its messages, ``{"m<id>":
+body}``: a ``send`` that returned puts its message, an ``ack`` that returned deletes it, a
+``receive`` alone changes nothing (the queue's default mode is ``flush``; in ``buffered``
+mode a kill may cost calls after the last ``sync()``, a suffix of them, never one from
+the middle). The state is read twice: its log restored (the queue's records replayed: a
+reader's view, and a secondary's), and, once the last writer is gone, README's restart
+(``Queue.open_many`` of the set) drained without an ack, which must deliver that same
+state, each message once, in send order.
+
 Readers run during the writer's run and, after its clean close, must hold the restored
 state: ``follower`` (README's replica: a background ``persistlog.follow`` with README's
-``replay`` and ``on_reset=state.clear``), ``follower-reset`` (the same, made to lag so
-that retention deletes the log it reads, then the log its reset catches up from) and
-``tail`` (``persistlog tail -f`` as a process). A secondary must restore to the primary's
-state after a clean close, to a prefix after a kill, and to the primary's state again
-after the next writer's clean close.
+``replay``, the queue's records replayed for the queue, and ``on_reset=state.clear``),
+``follower-reset`` (the same, made to lag so that retention deletes the log it reads, then
+the log its reset catches up from) and ``tail`` (``persistlog tail -f`` as a process). A
+secondary must restore to the primary's state after a clean close, to a prefix after a
+kill, and to the primary's state again after the next writer's clean close.
 
 CI runs ``COVERING``: every pattern with every mode and every ending on a local disk, each
 pattern on S3, the readers, the secondaries, a pause, and on S3 the two paths that once lost
 acknowledged updates: an exit without ``close()`` (the seal at exit, ``_write/at_exit.py``) and a
 buffered writer paused past its lease whose log the next writer's retention deleted (the
-``confirm`` after a PUT, ``_write/segment_writer.py``). ``PERSISTLOG_MATRIX_FULL=1`` runs the
-whole cross product too (``python -m pytest tests/reliability/test_guarantee_matrix.py``),
-and ``PERSISTLOG_MATRIX_JSON`` names a file for each case's figures. Every case must pass:
+``confirm`` after a PUT, ``_write/segment_writer.py``); and the queue with a follower and
+a lagging one, and on S3 in each mode, Ctrl-C included (a PUT that Ctrl-C cut short and
+that landed late once failed the close, ``_write/segment_writer.py``).
+``PERSISTLOG_MATRIX_FULL=1`` runs the whole cross product too
+(``python -m pytest tests/reliability/test_guarantee_matrix.py``), and
+``PERSISTLOG_MATRIX_JSON`` names a file for each case's figures. Every case must pass:
 there is no known defect to expect.
 """
 
@@ -56,9 +69,10 @@ import pytest
 
 import persistlog
 from destinations import open_destination
-from guarantee_child import ENDINGS, PATTERNS, ROUND, Unit, late_units, readme_namespace, units
+from guarantee_child import ENDINGS, PATTERNS, QUEUE_KEY, ROUND, Unit, late_units, readme_namespace, units
 from kv_app import prefix_states, replay_ops
 from persistlog._format.constants import parse_segment_name
+from persistlog._format.jsonify import from_jsonable
 from readme_code import readme_functions
 from threads import wait_until
 
@@ -127,8 +141,10 @@ class Case:
 
 def covering() -> list[Case]:
     """Every pattern x mode x ending on a local disk (the triggers alternating); each
-    pattern, each mode and each ending on S3; the readers; a secondary of each kind; and
-    an exit and a pause of a buffered writer on S3."""
+    pattern, each mode and each ending on S3; the readers; a secondary of each kind; an
+    exit and a pause of a buffered writer on S3; and the queue's own: a follower and a
+    lagging one, and on S3 each mode and the endings a local disk does not show (Ctrl-C
+    there once failed the close, ``_write/segment_writer.py``)."""
     cases = [Case(pattern, mode, ending, trigger="records" if n % 2 else "bytes")
              for n, (pattern, mode, ending) in enumerate(product(PATTERNS, MODES, ("close", "exit", "kill", "interrupt")))]
     return cases + [
@@ -146,6 +162,12 @@ def covering() -> list[Case]:
         Case("update_many", "buffered", "pause", "s3"),
         Case("change", "fsync", "kill", secondary="s3"),
         Case("store", "buffered", "exit", "s3"),
+        Case("queue", "buffered", "close", reader="follower"),
+        Case("queue", "flush", "close", reader="follower-reset"),
+        Case("queue", "flush", "interrupt", "s3", "bytes"),
+        Case("queue", "buffered", "exit", "s3", "bytes"),
+        Case("queue", "fsync", "kill", "s3"),
+        Case("queue", "buffered", "pause", "s3"),
     ]
 
 
@@ -265,9 +287,16 @@ def check_reported(report: Report, pattern: str, run: int, late_from: int | None
     last = max((i for i, _, _, _ in report.acked), default=-1)
     calls = list(islice(units(pattern, SEED, run), last + 1 if late_from is None else late_from))
     if late_from is not None:
-        calls += islice(late_units(run, late_from), max(0, last + 1 - late_from))
+        calls += islice(late_units(run, late_from, pattern), max(0, last + 1 - late_from))
+    # The queue's first writer starts empty: its ids are those the parent rebuilds. A writer
+    # that restored messages (or a paused one, woken) makes the same calls with its own ids.
+    exact = pattern != "queue" or (run == 0 and late_from is None)
     for i, unit, _, _ in report.acked:
-        assert unit == calls[i], f"call {i} logged {unit}, the parent rebuilds {calls[i]}"
+        if not exact:
+            assert [op[:1] + op[2:] for op in unit] == [op[:1] + op[2:] for op in calls[i]], \
+                f"call {i} logged {unit}, the parent rebuilds a call like {calls[i]}"
+        else:
+            assert unit == calls[i], f"call {i} logged {unit}, the parent rebuilds {calls[i]}"
 
 
 # -- the model and the checks -------------------------------------------------------------
@@ -353,10 +382,63 @@ def pending_calls(report: Report, pattern: str) -> list[Unit]:
 # -- reading the destination ----------------------------------------------------------------
 
 
-def restore(url: str, so: dict[str, Any] | None) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-    """README's ``replay`` into a fresh state; a destination that no longer restores is a
-    broken guarantee too."""
-    ns = readme_namespace(readme_functions("replay"))
+def drain(root: str, so: dict[str, Any] | None) -> dict[str, Any]:
+    """README's restart of the queue (``Queue.open_many`` of its set), drained without an
+    ack: ``{"m<id>": body}`` of the messages it delivers, each once, in send (id) order.
+    A killed writer's S3 lease holds the queue a while yet: the open waits for it."""
+    deadline = time.monotonic() + 3 * SECONDARY_LEASE_TTL
+    while True:
+        try:
+            with persistlog.LogSet(root, storage_options=so) as mailboxes:
+                queues = persistlog.Queue.open_many(mailboxes)
+                assert list(queues) == [QUEUE_KEY], f"the set holds the queues {list(queues)}"
+                alice = queues[QUEUE_KEY]
+                delivered = []
+                while (m := alice.receive()) is not None:
+                    delivered.append((m.id, m.body.decode()))
+                ids = [mid for mid, _ in delivered]
+                if ids != sorted(set(ids)) or len(ids) != len(alice):
+                    raise GuaranteeBroken(f"the queue holds {len(alice)} messages and delivers the ids {ids}")
+                return {f"m{mid}": body for mid, body in delivered}
+        except persistlog.WriterConflict:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def replaying(pattern: str) -> dict[str, Any]:
+    """What a reader replays a pattern's log with: ``replay`` and the ``state`` it fills
+    (README's, or for the queue ``queue_namespace()``)."""
+    return queue_namespace() if pattern == "queue" else readme_namespace(readme_functions("replay"))
+
+
+def queue_namespace() -> dict[str, Any]:
+    """A queue's records as README names them, replayed into ``{"m<id>": body}``: a
+    ``send`` puts its message, an ``ack`` takes out one the log holds, ``next`` changes
+    no message. What a reader of a queue's log holds, checked like the other states."""
+    state: dict[str, Any] = {}
+
+    def replay(record: Any) -> None:
+        key = f"m{record['id']}"
+        if record["op"] == "send":
+            body = record["body"].decode()
+            if state.get(key, body) != body:
+                raise GuaranteeBroken(f"message {record['id']} sent again with another body: {body!r}")
+            state[key] = body
+        elif record["op"] == "ack":
+            if key not in state:
+                raise GuaranteeBroken(f"the log acknowledges message {record['id']}, which it does not hold")
+            del state[key]
+        elif record["op"] != "next":
+            raise GuaranteeBroken(f"a queue's log holds {record}")
+
+    return {"state": state, "replay": replay}
+
+
+def restore(url: str, so: dict[str, Any] | None, pattern: str) -> tuple[dict[str, Any], persistlog.RestoreResult]:
+    """README's ``replay`` (or a queue's) into a fresh state; a destination that no longer
+    restores is a broken guarantee too."""
+    ns = replaying(pattern)
     try:
         result = persistlog.restore(url, ns["replay"], storage_options=so)
     except persistlog.CorruptLogError as e:
@@ -380,8 +462,8 @@ class FollowerReader:
 
     LAGS = 3
 
-    def __init__(self, url: str, so: dict[str, Any] | None, lag: bool) -> None:
-        self.ns = readme_namespace(readme_functions("replay"))
+    def __init__(self, url: str, so: dict[str, Any] | None, lag: bool, pattern: str) -> None:
+        self.ns = replaying(pattern)
         self.lag_failed: str | None = None
         self.lags = set(range(self.LAGS)) if lag else set()  # the resets after which to lag
         self._dest = open_destination(url, **(so or {}))
@@ -445,7 +527,8 @@ class TailReader:
     """``persistlog tail -f URL --json`` as a process; its lines replayed in order (a jump
     in the LSNs is a reset: the lines start again from the newest complete log)."""
 
-    def __init__(self, url: str, so: dict[str, Any] | None, logdir: Path) -> None:
+    def __init__(self, url: str, so: dict[str, Any] | None, logdir: Path, pattern: str) -> None:
+        self.pattern = pattern
         options = [f"-o{key}={json.dumps(value)}" for key, value in _flat(so or {})]
         self.out, self.err = logdir / "tail.out", logdir / "tail.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
@@ -467,12 +550,12 @@ class TailReader:
         wait_until(printed, timeout=60, describe="tail -f printing the last record")
         self.proc.send_signal(signal.SIGINT)
         assert self.proc.wait(30) == 130, self.err.read_text()[-2000:]
-        ns = readme_namespace(readme_functions("replay"))
+        ns = replaying(self.pattern)
         last = None
         for row in self._rows():
             if last is not None and row["lsn"] != last + 1:
                 ns["state"].clear()  # a reset: the newest complete log from its start
-            ns["replay"](row["record"])
+            ns["replay"](from_jsonable(row["record"]))  # (bytes are {"$bytes": base64} in JSON)
             last = row["lsn"]
         return dict(ns["state"])
 
@@ -496,11 +579,13 @@ def _flat(options: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]
 
 @dataclass
 class Site:
-    """Where a case writes: the primary, and its secondary if any (url, storage_options)."""
+    """Where a case writes: the primary, and its secondary if any (url, storage_options);
+    ``root`` is where the writer opens (the queue's: its LogSet), ``url`` its log."""
 
     url: str
     so: dict[str, Any] | None
     secondary: tuple[str, dict[str, Any] | None] | None
+    root: str = ""
 
 
 class Matrix:
@@ -518,18 +603,22 @@ class Matrix:
                 return str(tmp_path / name), None
             return f"s3://{request.getfixturevalue('s3_bucket')}/{name}", request.getfixturevalue("s3_storage_options")
 
-        url, so = make(case.dest, "primary")
-        self.site = Site(url, so, make(case.secondary, "secondary") if case.secondary else None)
+        root, so = make(case.dest, "primary")
+        url = root
+        if case.pattern == "queue":  # README's set of mailboxes, made here to learn where the log goes
+            with persistlog.LogSet(root, storage_options=so) as mailboxes:
+                url = mailboxes.url(QUEUE_KEY)
+        self.site = Site(url, so, make(case.secondary, "secondary") if case.secondary else None, root)
 
     def child(self, run: int, ending: str, calls: int, **extra: Any) -> Child:
         case, site = self.case, self.site
         options: dict[str, Any] = {"durability": case.mode, **TRIGGERS[case.trigger](case.pattern), **COMMON}
-        if case.ending == "pause":
-            options["lease_ttl"] = LEASE_TTL
+        if case.ending == "pause" or (case.pattern == "queue" and case.ending == "kill"):
+            options["lease_ttl"] = LEASE_TTL  # (a queue is drained once killed: its open waits for the lease)
         if site.secondary is not None:
             options["secondaries"] = [list(site.secondary)]
             options["lease_ttl"] = SECONDARY_LEASE_TTL
-        cfg = {"pattern": case.pattern, "url": site.url, "storage_options": site.so, "open": options,
+        cfg = {"pattern": case.pattern, "url": site.root, "storage_options": site.so, "open": options,
                "seed": SEED, "run": run, "units": calls, "sync_every": SYNC_EVERY, "ending": ending, "late": LATE,
                **extra}
         c = Child(cfg, self.tmp_path, f"writer{run}")
@@ -537,7 +626,13 @@ class Matrix:
         return c
 
     def restore(self) -> tuple[dict[str, Any], persistlog.RestoreResult]:
-        return restore(self.site.url, self.site.so)
+        return restore(self.site.url, self.site.so, self.case.pattern)
+
+    def drained(self, expected: dict[str, Any]) -> None:
+        """A queue, once its last writer is gone: what README's restart delivers is the
+        state its log restores (checked against the calls already)."""
+        if self.case.pattern == "queue" and drain(self.site.root, self.site.so) != expected:
+            raise GuaranteeBroken("the queue, opened again, delivers other messages than its log restores")
 
     def run(self) -> None:
         case = self.case
@@ -546,9 +641,9 @@ class Matrix:
             writer = self.child(0, case.ending, case.calls, stop_file=str(stop) if case.reader == "follower-reset" else None)
             writer.wait_event("ready")
             if case.reader == "tail":
-                self.readers.append(TailReader(self.site.url, self.site.so, self.tmp_path))
+                self.readers.append(TailReader(self.site.url, self.site.so, self.tmp_path, case.pattern))
             elif case.reader is not None:
-                follower = FollowerReader(self.site.url, self.site.so, lag=case.reader == "follower-reset")
+                follower = FollowerReader(self.site.url, self.site.so, case.reader == "follower-reset", case.pattern)
                 self.readers.append(follower)
                 if follower.lags:
                     try:
@@ -591,7 +686,7 @@ class Matrix:
                 if reader.state(result) != restored:
                     raise GuaranteeBroken(f"the {case.reader}'s state differs from the restore")
         if self.site.secondary is not None:
-            self.secondary(restored, result, report)
+            restored = self.secondary(restored, result, report)
         elif case.pattern == "store" and case.ending != "kill":
             # What the app gets back: ResourceStore.open restores by itself.
             store = persistlog.ResourceStore.open(self.site.url, storage_options=self.site.so)
@@ -600,27 +695,30 @@ class Matrix:
                     raise GuaranteeBroken("ResourceStore.open restores another state than restore()")
             finally:
                 store.close()
+        self.drained(restored)
 
-    def secondary(self, restored: dict[str, Any], result: persistlog.RestoreResult, report: Report) -> None:
+    def secondary(self, restored: dict[str, Any], result: persistlog.RestoreResult, report: Report) -> dict[str, Any]:
         """After a clean end the secondary holds the primary's state; after a kill a prefix,
-        and once the next writer (same secondary) closed cleanly, the primary's state."""
+        and once the next writer (same secondary) closed cleanly, the primary's state.
+        Returns the primary's last state."""
         assert self.site.secondary is not None
         surl, sso = self.site.secondary
-        sstate, sresult = restore(surl, sso)
+        sstate, sresult = restore(surl, sso, self.case.pattern)
         if self.case.ending != "kill":
             if (sstate, sresult.last_lsn) != (restored, result.last_lsn):
                 raise GuaranteeBroken(f"the secondary reaches LSN {sresult.last_lsn}, the primary {result.last_lsn}")
-            return
+            return restored
         check_prefix(sstate, {}, report, Figures(self.case.id), "the secondary's restore", must=0)
         # An S3 primary is leased by the killed writer for a while yet: the next one waits.
         nxt = self.child(1, "close", RESTART_CALLS, open_retry=3 * SECONDARY_LEASE_TTL).end(0)
         check_reported(nxt, self.case.pattern, 1)
         after, aresult = self.restore()
         check_all(after, restored, nxt, self.figures, "the restore after the next writer")
-        sstate, sresult = restore(surl, sso)
+        sstate, sresult = restore(surl, sso, self.case.pattern)
         if (sstate, sresult.last_lsn) != (after, aresult.last_lsn):
             raise GuaranteeBroken(f"after the next writer's clean close the secondary reaches LSN "
                                   f"{sresult.last_lsn}, the primary {aresult.last_lsn}")
+        return after
 
     def pause(self, writer: Child) -> None:
         """The writer is stopped past its lease; the next one restores (a prefix holding
@@ -646,12 +744,14 @@ class Matrix:
         figures.acked += sum(len(unit) for unit, _ in late)
         figures.durable += sum(len(unit) for unit in must)
         figures.lost += sum(len(unit) for unit in missing)
-        others = {k: v for k, v in final.items() if not k.startswith("late")}
+        # Its late calls put keys (the queue's: bodies) that no other call puts.
+        others = {k: v for k, v in final.items() if not k.startswith("late") and not str(v).startswith("late")}
         if missing or others != expected:
             raise GuaranteeBroken(
                 f"the paused writer acknowledged {len(late)} calls after it woke up, {len(must)} as durable "
                 f"({report.events()[-1]}); {len(missing)} of them are not restored, and the rest of the state "
                 f"{'is' if others == expected else 'is not'} the next writer's")
+        self.drained(final)
 
 
 # -- the tests ----------------------------------------------------------------------------

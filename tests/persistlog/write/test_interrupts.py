@@ -434,3 +434,46 @@ def test_an_interruption_while_a_big_record_is_taken_out_of_the_buffer_leaves_no
     records: list[Any] = []
     persistlog.restore(url, records.append)
     assert records == [{"i": 0}, {"i": 1}, {"i": 2}]
+
+
+# -- an interrupted PUT that lands after the writer looked for it ----------------------------
+
+
+def test_interrupt_s3_a_put_landing_after_its_interruption_is_the_writers_own(
+    monkeypatch: pytest.MonkeyPatch, clean_memory_fs: None
+) -> None:
+    """The guarantee matrix's ``queue-flush-interrupt-s3-bytes``: Ctrl-C during a segment
+    PUT stops the app's wait, not the request, which s3fs goes on with in its own thread,
+    so the object may land after the writer's next call looked for it. That call (here the
+    seal of ``close()``) PUTs the same bytes again and finds its own object, not another
+    writer's: ``close()`` returns, and the restore holds every acknowledged record (before,
+    the seal's PUT met the late object and the Log failed, "another writer took it over")."""
+    from faults import FaultyFileSystem
+
+    real = FaultyFileSystem.pipe_file
+    late: list[Any] = []
+    armed = [False]
+
+    def pipe_file(fs: FaultyFileSystem, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        while late:
+            late.pop()()  # the interrupted request lands now, after the writer looked
+        if armed[0] and mode == "create" and path.endswith(".plog"):
+            armed[0] = False
+            late.append(lambda: real(fs, path, value, mode=mode, **kwargs))
+            raise KeyboardInterrupt("Ctrl-C while a PUT is under way")
+        real(fs, path, value, mode=mode, **kwargs)
+
+    monkeypatch.setattr(FaultyFileSystem, "pipe_file", pipe_file)
+    url, so = "faulty://interrupted-put/log", {"target_protocol": "memory"}
+    lg = persistlog.open(url, lambda emit: None, durability="flush", storage_options=so)
+    for i in range(5):
+        lg.update({"i": i})
+    armed[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        lg.update({"i": 5})
+    assert late, "the PUT was not interrupted"
+    lg.close()
+    records: list[Any] = []
+    restored = persistlog.restore(url, records.append, storage_options=so)
+    assert [r["i"] for r in records] == list(range(6))  # the interrupted update landed whole
+    assert restored.torn_tail is None and not restored.skipped
