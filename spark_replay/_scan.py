@@ -85,7 +85,7 @@ class _Range:
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
             dest, part.seq, part.segments() if listed is None else listed.listing[part.seq],
-            recovery=part.recovery, start=part.start, tail_ok=part.tail_ok,
+            recovery=part.recovery, start=part.start, tail_ok=part.tail_ok, expect_link=part.first_link,
             keys=keys if keys is not None else keys_named(part.key_provider),
             sizes=None if listed is None else listed.sizes,
         )
