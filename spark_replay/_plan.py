@@ -107,6 +107,10 @@ class LogPartition(InputPartition):
     #: What the first batch of the range must link to: the chain head the driver's walk
     #: found where a stream's micro-batch or a log in it starts (None: taken as given).
     first_link: bytes | None = None
+    #: The chain head the driver's walk found where the range ends (the end of a stream's
+    #: micro-batch, which the next one's first link is checked against): a scan that
+    #: reaches the end of the data there must end at it (None: no check).
+    end_head: bytes | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.

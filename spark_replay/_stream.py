@@ -341,6 +341,7 @@ def _partition(marks: list[Mark], a: int, b: int, opts: StreamOptions) -> LogPar
         end=(last.cursor.segment, last.cursor.offset),
         next_log_lsn=None,
         first_link=first.head,
+        end_head=last.head,
         base_from=base_from,
         prev_base=first.base,
         from_lsn=first.from_lsn,

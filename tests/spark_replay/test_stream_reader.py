@@ -702,6 +702,23 @@ def test_a_batch_changed_at_the_end_of_a_micro_batch_fails_the_next_one(tmp_path
     lg.close()
 
 
+def test_a_batch_changed_after_the_driver_walked_it_fails_the_micro_batch(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
+    lg.update_many([{"i": 1}, {"i": 2}])
+    lg.sync()
+    reader = stream_reader(url, startingPosition="earliest")
+    start = first_position(reader)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    path = segment_paths(url)[-1]
+    change_batch(path, record_spans(path)[-1][0])  # as the executors are about to read it
+    executor = pickle.loads(pickle.dumps(reader))
+    with pytest.raises(CorruptLogError, match="the driver's walk found") as e:
+        [b for p in reader.partitions(start, end) for b in executor.read(p)]
+    assert (e.value.log, e.value.segment, e.value.offset) == (1, os.path.basename(path), end["offset"])
+    lg.close()
+
+
 def test_a_batch_changed_before_a_seal_that_starts_a_micro_batch(tmp_path: Any) -> None:
     """The micro-batch after the changed batch holds no record of its log, only the seal
     (linked to the head that log had): the seal is read for its link."""
