@@ -675,11 +675,17 @@ def test_offsets_carry_the_chain_head_where_they_stand(tmp_path: Any) -> None:
     w.close()
 
 
-def test_a_batch_changed_at_the_end_of_a_micro_batch_fails_the_next_one(tmp_path: Any) -> None:
-    url = str(tmp_path / "log")
+def open_with_two_records(url: str) -> Any:
+    """A log (chained) left open, holding ``{"i": 1}`` and ``{"i": 2}`` in one batch."""
     lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
     lg.update_many([{"i": 1}, {"i": 2}])
     lg.sync()
+    return lg
+
+
+def test_a_batch_changed_at_the_end_of_a_micro_batch_fails_the_next_one(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    lg = open_with_two_records(url)
     reader = stream_reader(url, startingPosition="earliest")
     first = micro_batch(reader, first_position(reader))[0]
     lg.update({"i": 3})
@@ -704,9 +710,7 @@ def test_a_batch_changed_at_the_end_of_a_micro_batch_fails_the_next_one(tmp_path
 
 def test_a_batch_changed_after_the_driver_walked_it_fails_the_micro_batch(tmp_path: Any) -> None:
     url = str(tmp_path / "log")
-    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
-    lg.update_many([{"i": 1}, {"i": 2}])
-    lg.sync()
+    lg = open_with_two_records(url)
     reader = stream_reader(url, startingPosition="earliest")
     start = first_position(reader)
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
@@ -723,9 +727,7 @@ def test_a_batch_changed_before_a_seal_that_starts_a_micro_batch(tmp_path: Any) 
     """The micro-batch after the changed batch holds no record of its log, only the seal
     (linked to the head that log had): the seal is read for its link."""
     url = str(tmp_path / "log")
-    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
-    lg.update_many([{"i": 1}, {"i": 2}])
-    lg.sync()
+    lg = open_with_two_records(url)
     path = segment_paths(url)[-1]
     change_batch(path, record_spans(path)[-1][0])
     reader = stream_reader(url, startingPosition="earliest")
