@@ -32,10 +32,11 @@ Decoding by hand
     ``parse_segment_header`` and ``SegmentHeader``, ``parse_batch_header``,
     ``check_payload`` (checksum, decryption, decompression), ``control_records``,
     ``plain_loads`` (CBOR without a Codec), ``Damage`` (what is wrong with the bytes, and
-    where). Format constants: ``FIRST_LSN``, ``SEGMENT_HEADER_SIZE``,
-    ``BATCH_HEADER_SIZE``, ``KIND_UPDATE``, ``KIND_SNAPSHOT``, ``KIND_CONTROL``,
-    ``CONTROL_COMPLETE``, ``CONTROL_CHECKPOINT``, ``CONTROL_SEAL``, ``HEADER_AFTER_GAP``,
-    ``SEAL_CHAIN``.
+    where), ``head_after`` (the chain head after one whole batch: its SHA-256, for a
+    reader that takes up the hash chain where it stopped). Format constants:
+    ``FIRST_LSN``, ``SEGMENT_HEADER_SIZE``, ``BATCH_HEADER_SIZE``, ``KIND_UPDATE``,
+    ``KIND_SNAPSHOT``, ``KIND_CONTROL``, ``CONTROL_COMPLETE``, ``CONTROL_CHECKPOINT``,
+    ``CONTROL_SEAL``, ``CONTROL_FENCE``, ``HEADER_AFTER_GAP``, ``SEAL_CHAIN``.
 
 Gaps, damage and retention
     ``Skipped`` (damage passed over in ``"skip"`` mode; a crash's unfinished end, dropped,
@@ -76,11 +77,13 @@ Command lines
 from __future__ import annotations
 
 from ._apps.log_set import read_marker as read_log_set_marker
+from ._format.chain import head_after
 from ._format.codec import plain_loads
 from ._format.constants import (
     BATCH_HEADER_SIZE,
     CONTROL_CHECKPOINT,
     CONTROL_COMPLETE,
+    CONTROL_FENCE,
     CONTROL_SEAL,
     CURRENT_NAME,
     FIRST_LSN,
@@ -155,6 +158,7 @@ __all__ = [
     "BatchHeader",
     "CONTROL_CHECKPOINT",
     "CONTROL_COMPLETE",
+    "CONTROL_FENCE",
     "CONTROL_SEAL",
     "CURRENT_NAME",
     "Damage",
@@ -203,6 +207,7 @@ __all__ = [
     "from_json",
     "gap_closed",
     "gc_pause",
+    "head_after",
     "inspect_destination",
     "key_text",
     "list_logs",

@@ -104,6 +104,13 @@ class LogPartition(InputPartition):
     #: The hash link of the next log's first batch, checked against the chain head where
     #: this log ends (None: no check; with ``next_log_lsn``, for the last range of a log).
     next_log_link: bytes | None = None
+    #: What the first batch of the range must link to: the chain head the driver's walk
+    #: found where a stream's micro-batch or a log in it starts (None: taken as given).
+    first_link: bytes | None = None
+    #: The chain head the driver's walk found where the range ends (the end of a stream's
+    #: micro-batch, which the next one's first link is checked against): a scan that
+    #: reaches the end of the data there must end at it (None: no check).
+    end_head: bytes | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.

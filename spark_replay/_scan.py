@@ -85,7 +85,7 @@ class _Range:
         self.problems: list[Problem] = []
         self.scanner = LogScanner(
             dest, part.seq, part.segments() if listed is None else listed.listing[part.seq],
-            recovery=part.recovery, start=part.start, tail_ok=part.tail_ok,
+            recovery=part.recovery, start=part.start, tail_ok=part.tail_ok, expect_link=part.first_link,
             keys=keys if keys is not None else keys_named(part.key_provider),
             sizes=None if listed is None else listed.sizes,
         )
@@ -114,6 +114,7 @@ class _Range:
                 yield batch
             else:
                 self._at_end_of_log()
+                self._at_end_of_walk()
         except FileNotFoundError as e:
             raise DestinationError(
                 f"a segment of log {part.seq} at {part.url} vanished during the read "
@@ -146,6 +147,22 @@ class _Range:
                 segment_name(part.seq + 1, 0),
                 SEGMENT_HEADER_SIZE,
             )
+
+    def _at_end_of_walk(self) -> None:
+        """A stream's micro-batch read to the end of the data: the chain head there is the
+        one the driver's walk found, which the next micro-batch's first link is checked
+        against (a batch after the range, had there been one, was checked by its link)."""
+        part, st = self.part, self.scanner.state
+        walked = part.end_head
+        if walked is None or part.end is None or not st.chained or st.chain_head is None or walked == st.chain_head:
+            return
+        self.corrupt(
+            f"hash chain broken: the micro-batch's range of log {part.seq} ends at chain head "
+            f"{st.chain_head.hex()[:16]}, but the driver's walk found {walked.hex()[:16]} there (a batch "
+            "before it was changed, removed or inserted after the walk)",
+            segment_name(part.seq, part.end[0]),
+            part.end[1],
+        )
 
     def _collect_scanner_problems(self) -> None:
         st = self.scanner.state

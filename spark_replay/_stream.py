@@ -3,7 +3,8 @@
 Offsets are follower cursors (:class:`persistlog.Cursor`: log, segment, byte offset, next
 LSN) serialised as JSON, with the ``base_log`` of the next record, so a query restarted
 from its checkpoint resumes exactly after the last committed record and its rows carry the
-same ``base_log`` as if it had never stopped. The driver finds each micro-batch's end by
+same ``base_log`` as if it had never stopped; in a chained log, with the hash chain's head
+there (``head``), so that the next micro-batch checks the link of its first batch. The driver finds each micro-batch's end by
 walking batch headers (:mod:`spark_replay._tail`); the executors read the partitions with
 the batch source's reader, so rows, schema and options are the batch source's.
 """
@@ -299,7 +300,8 @@ def _within(marks: list[Mark], offset: dict[str, Any]) -> bool:
 def stream_partitions(marks: list[Mark], opts: StreamOptions) -> list[LogPartition]:
     """Partitions of the range the marks span: per log, cut at marks about every
     ``split_bytes`` (so at batch boundaries, as the batch source cuts), ranges without a
-    record left out."""
+    record left out unless they start where the walk knew the chain head (the start of
+    the micro-batch, of a log): the link there is checked by reading them."""
     if len(marks) < 2:
         return []
     target = split_bytes(marks[-1].nbytes - marks[0].nbytes, opts.read)
@@ -313,7 +315,7 @@ def stream_partitions(marks: list[Mark], opts: StreamOptions) -> list[LogPartiti
         a = i
         for k in range(i + 1, j + 1):
             if k == j or marks[k].nbytes - marks[a].nbytes >= target:
-                if marks[k].records > marks[a].records:
+                if marks[k].records > marks[a].records or marks[a].position.head is not None:
                     parts.append(_partition(marks, a, k, opts))
                 a = k
         i = j + 1
@@ -338,6 +340,8 @@ def _partition(marks: list[Mark], a: int, b: int, opts: StreamOptions) -> LogPar
         start=(first.cursor.segment, first.cursor.offset, first.cursor.next_lsn),
         end=(last.cursor.segment, last.cursor.offset),
         next_log_lsn=None,
+        first_link=first.head,
+        end_head=last.head,
         base_from=base_from,
         prev_base=first.base,
         from_lsn=first.from_lsn,

@@ -28,11 +28,14 @@ from destinations import Destination
 from persistlog import CorruptLogError, Cursor, LogNotFoundError, PersistLogError, ResetRequired
 from persistlog.reading import (
     BATCH_HEADER_SIZE,
+    BatchHeader,
     CONTROL_COMPLETE,
+    CONTROL_FENCE,
     CONTROL_SEAL,
     FIRST_LSN,
     KIND_CONTROL,
     OPAQUE,
+    SEAL_CHAIN,
     SEGMENT_HEADER_SIZE,
     Damage,
     LogScanner,
@@ -43,6 +46,7 @@ from persistlog.reading import (
     declares_gap,
     first_lsn,
     gap_closed,
+    head_after,
     list_logs,
     next_segments,
     parse_batch_header,
@@ -79,6 +83,12 @@ class Position:
     its first record's LSN (the cursor stands at the batch), and ``entered`` names the log
     it started in after that log's first record, whose snapshot-complete marker does not
     make the stream's rows of it a base (they lack what came before the start).
+
+    ``head`` is the hash chain's head at the cursor (chained logs): the hash of the batch
+    before it, or at the start of a log the head the log before it ends at. The first
+    batch read from the cursor must link to it. None: not known (a stream started inside a
+    log, an offset from a version that did not keep it) or not chained; that link is then
+    taken as given.
     """
 
     cursor: Cursor
@@ -87,6 +97,7 @@ class Position:
     restored: bool = False
     from_lsn: int | None = None
     entered: int | None = None
+    head: bytes | None = None
 
     def offset(self) -> dict[str, Any]:
         """The JSON object Spark checkpoints."""
@@ -101,11 +112,14 @@ class Position:
             d["from_lsn"] = self.from_lsn
         if self.entered is not None:
             d["entered"] = self.entered
+        if self.head is not None:
+            d["head"] = self.head.hex()
         return d
 
     @classmethod
     def from_offset(cls, offset: dict[str, Any]) -> Position:
         base, from_lsn, entered = offset.get("base_log"), offset.get("from_lsn"), offset.get("entered")
+        head = offset.get("head")
         return cls(
             Cursor.from_dict(offset),
             None if base is None else int(base),
@@ -113,6 +127,7 @@ class Position:
             bool(offset.get("restored")),
             None if from_lsn is None else int(from_lsn),
             None if entered is None else int(entered),
+            None if head is None else bytes.fromhex(str(head)),
         )
 
 
@@ -139,6 +154,41 @@ class _Limits:
     def beyond(self, seq: int, segment: int, offset: int) -> bool:
         u = self.until
         return u is not None and (seq, segment, offset) >= (u.log, u.segment, u.offset)
+
+
+@dataclass
+class _Head:
+    """The chain head where a walk stands: ``known`` (from a seal, or the position the walk
+    started at or entered a log at), or else the last batch that moved it, hashed only when
+    asked for (one read of one batch, mostly from the walk's window already)."""
+
+    known: bytes | None = None
+    #: The window over its segment, its offset and its size.
+    batch: tuple[SegmentBytes, int, int] | None = None
+
+    def passed(self, data: SegmentBytes, offset: int, header: BatchHeader, kinds: set[str], seal_chain: Any) -> None:
+        """The walk passed the batch at ``offset`` (its control records' ``kinds``): a seal
+        names the head and leaves it, a fence leaves it, any other batch moves it (a batch
+        without a link: no head, the log is not chained)."""
+        if CONTROL_SEAL in kinds:
+            self.known, self.batch = (seal_chain if isinstance(seal_chain, bytes) else None), None
+        elif CONTROL_FENCE not in kinds:
+            self.known, self.batch = None, ((data, offset, header.size) if header.linked else None)
+
+    def resolve(self) -> bytes | None:
+        """The head: the hash of the last batch that moved it, read again if needed (None
+        when its segment is gone: the link after it is taken as given)."""
+        if self.batch is not None:
+            data, offset, size = self.batch
+            self.batch = None
+            try:
+                raw = data.get(offset, size)
+            except FileNotFoundError as e:
+                if isinstance(e, PersistLogError):
+                    raise
+                raw = b""
+            self.known = head_after(raw) if len(raw) == size else None
+        return self.known
 
 
 class _Stop(Exception):
@@ -203,6 +253,8 @@ class Tail:
         # Finds the segments that follow by their names, as followers do; remembers the
         # sizes of objects (they never change once written).
         self._probe = SegmentProbe(dest)
+        # The chain head where the current walk stands.
+        self._head = _Head()
 
     def latest_position(self) -> Position | None:
         """The end of the newest log as it is now (None: no log yet)."""
@@ -249,8 +301,11 @@ class Tail:
         go. At least one record batch is taken whatever the limits, so that a stream always
         moves. Raises :class:`ResetRequired` when retention deleted what ``start`` needs,
         or when the walk stands before a log that follows a declared gap and a log from it
-        on is complete (until then the walk waits there, as a follower does)."""
+        on is complete (until then the walk waits there, as a follower does). The last
+        mark's position carries the chain head there (chained logs), so that the walk from
+        it checks the link of the batch it reads first; so do positions at a log's start."""
         limits = _Limits(max_records, max_bytes, until)
+        self._head = _Head(start.head)
         marks = [Mark(start, 0, 0)]
         pos = start
         try:
@@ -277,6 +332,11 @@ class Tail:
                     "complete log after the gap (its rows rebuild the state), or start a new query "
                     "with startingPosition=restore."
                 ) from None
+        end = marks[-1]
+        if end.position.head is None:
+            head = self._head.resolve()
+            if head is not None:
+                marks[-1] = replace(end, position=replace(end.position, head=head))
         return marks
 
     # -- one segment ----------------------------------------------------------------------
@@ -284,7 +344,7 @@ class Tail:
     def _walk_segment(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
         """Walk the rest of the cursor's segment, appending marks; return the position at
         the start of the segment that follows, if there is one yet."""
-        walked = len(marks)
+        walked, head = len(marks), replace(self._head)
         try:
             return self._walk_on(pos, marks, limits)
         except FileNotFoundError as e:
@@ -294,6 +354,7 @@ class Tail:
             # deleting the cursor's log (it deletes a log's segments last first, and
             # whole logs oldest first). Nothing of it is taken.
             del marks[walked:]
+            self._head = head
             return self._after_gap(pos)
 
     def _walk_on(self, pos: Position, marks: list[Mark], limits: _Limits) -> Position | None:
@@ -357,9 +418,12 @@ class Tail:
                     "(its end was lost: the stream cannot continue without a gap)",
                     destination=self.dest.url, log=nxt.log, segment=name, offset=0,
                 )
-        return Position(
-            replace(nxt, next_lsn=cur.next_lsn), pos.base, entered=pos.entered if nxt.log == cur.log else None
-        )
+        if nxt.log == cur.log:
+            return Position(replace(nxt, next_lsn=cur.next_lsn), pos.base, entered=pos.entered)
+        # The first batch of the next log links to the head this log ends at: the seal's,
+        # or (a log its writer did not seal) the hash of its last batch. A header that
+        # declares a gap is not checked against it (LogScanner knows).
+        return Position(replace(nxt, next_lsn=cur.next_lsn), pos.base, head=self._head.resolve())
 
     def _batches(
         self, pos: Position, name: str, size: int, marks: list[Mark], limits: _Limits
@@ -393,18 +457,21 @@ class Tail:
                 complete = False
                 if header.kind == KIND_CONTROL:
                     raw = check_payload(header, data.get(p + BATCH_HEADER_SIZE, header.stored_len), p)
-                    kinds = {c["t"] for c in control_records(header, raw, p)}
+                    controls = control_records(header, raw, p)
+                    kinds = {c["t"] for c in controls}
+                    seal_chain = next((c.get(SEAL_CHAIN) for c in controls if c["t"] == CONTROL_SEAL), None)
                     complete = CONTROL_COMPLETE in kinds and base != seq and pos.entered != seq
                     sealed = CONTROL_SEAL in kinds
                     records = 0
                 else:
-                    records = header.count
+                    records, kinds, seal_chain = header.count, set(), None
                     taken = marks[-1].records - marks[0].records
                     if taken and (
                         (limits.records is not None and taken + records > limits.records)
                         or (limits.nbytes is not None and marks[-1].nbytes + header.size > limits.nbytes)
                     ):
                         raise _Stop
+                self._head.passed(data, p, header, kinds, seal_chain)
                 p += header.size
                 next_lsn += header.lsn_count
                 if complete:
@@ -476,7 +543,7 @@ class Tail:
         logs = list_logs(self.dest)
         if cur.log + 1 in logs and cur.log not in logs:
             if self._first_lsn(segment_name(cur.log + 1, 0)) == cur.next_lsn:
-                return Position(Cursor(cur.log + 1, 0, 0, cur.next_lsn), pos.base)
+                return Position(Cursor(cur.log + 1, 0, 0, cur.next_lsn), pos.base, head=self._head.resolve())
         gap = retention_gap(self.dest, cur.log, cur.segment)
         if logs:
             oldest = min(logs)

@@ -888,8 +888,10 @@ class LogScanner:
             c["t"] == F.CONTROL_HEADER and c.get(F.HEADER_AFTER_GAP) is True for c in controls
         )
         if expect is not None and link != expect and not declares_gap:
-            if self._linked_from is None:
+            if self._linked_from is None and (self.start is None or (self.start[0] == 0 and self.start[1] <= F.SEGMENT_HEADER_SIZE)):
                 before = f"the log before it ends at chain head {expect.hex()[:16]}"
+            elif self._linked_from is None:
+                before = f"the batch before it, where the scan started, hashes to {expect.hex()[:16]}"
             else:
                 before = f"the batch before it ({self._linked_from[0]} offset {self._linked_from[1]}) hashes to {expect.hex()[:16]}"
             self._corrupt(

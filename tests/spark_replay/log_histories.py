@@ -68,6 +68,26 @@ def flip_byte(path: str, offset: int) -> None:
         f.write(bytes([b ^ 0xFF]))
 
 
+def change_batch(path: str, offset: int) -> None:
+    """Change the last byte of the batch at ``offset`` of segment file ``path`` (the small
+    integer ending its last record) in place, with its checksums fixed: only the hash chain
+    can tell. A writer appending to the file goes on unaware."""
+    from tests.persistlog import tamper
+
+    with open(path, "rb") as f:
+        data = f.read()
+    spans = batch_spans(path)
+    index = [o for o, _size, _kind in spans].index(offset)
+    batch = tamper.parse(os.path.basename(path), data).batches[index]
+    assert batch.body[-1] < 0x17, "the batch does not end with a small integer"
+    batch.body = batch.body[:-1] + bytes([batch.body[-1] ^ 1])
+    raw = batch.to_bytes()
+    assert len(raw) == spans[index][1]
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(raw)
+
+
 def write_store_history(
     url: str,
     *,

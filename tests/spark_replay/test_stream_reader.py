@@ -5,6 +5,7 @@ round trip, as they do to reach executors).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -18,7 +19,7 @@ import pyarrow as pa
 import pytest
 from crashsim import CrashSim
 from kv_app import App, restore_state
-from log_histories import batch_spans, flip_byte, segment_paths, unseal
+from log_histories import batch_spans, change_batch, flip_byte, segment_paths, unseal
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows
 from faults import FaultPlan
 from threads import wait_until
@@ -164,7 +165,8 @@ def test_starting_positions(tmp_path: Any) -> None:
     cursor = f"{at['log']}:{at['segment']}:{at['offset']}:{at['next_lsn']}"
     for given in (cursor, json.dumps({k: at[k] for k in ("log", "segment", "offset", "next_lsn")})):
         r = stream_reader(url, startingPosition=given)
-        assert r.initialOffset() == at  # a cursor is a place already
+        # A cursor is a place already; the chain head there is not given with it.
+        assert r.initialOffset() == {k: v for k, v in at.items() if k != "head"}
         assert lsns(drain(r, r.initialOffset())[1]) == [before + 1, before + 2, before + 3]
     with pytest.raises(ValueError, match="startingPosition"):
         stream_reader(url, startingPosition="yesterday").initialOffset()
@@ -628,3 +630,150 @@ def test_a_log_that_does_not_continue_the_one_before_without_declaring_a_gap_is_
     reader = stream_reader(url, startingPosition="earliest", onRetentionGap="restore")
     with pytest.raises(CorruptLogError, match="its end was lost"):
         drain(reader, reader.initialOffset())
+
+
+# -- the hash chain across micro-batches and logs ---------------------------------------------
+
+
+def record_spans(path: str) -> list[tuple[int, int]]:
+    """``(offset, size)`` of the record batches of a segment file."""
+    return [(o, n) for o, n, kind in batch_spans(path) if kind != persistlog._format.constants.KIND_CONTROL]
+
+
+def without_head(offset: dict[str, Any]) -> dict[str, Any]:
+    """The offset as a version that did not keep the chain head checkpointed it."""
+    return {k: v for k, v in offset.items() if k != "head"}
+
+
+def test_offsets_carry_the_chain_head_where_they_stand(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url, segment_bytes=4096).put_rotate_put(30, 20)
+    reader = stream_reader(url, startingPosition="earliest", maxRecordsPerTrigger=7)
+    start = first_position(reader)
+    rows: list[dict[str, Any]] = []
+    while True:
+        end, got, _ = micro_batch(reader, start)
+        if end == start:
+            break
+        rows += got
+        # The hash of the batch just before the cursor, as stored.
+        name = persistlog._format.constants.segment_name(end["log"], end["segment"])
+        with open(os.path.join(url, name), "rb") as f:
+            data = f.read(end["offset"])
+        before = [(o, n) for o, n, _kind in batch_spans(os.path.join(url, name)) if o + n == end["offset"]]
+        assert len(before) == 1
+        assert end["head"] == hashlib.sha256(data[before[0][0]:]).hexdigest()
+        start = end
+    assert lsns(rows) == list(range(1, w.last_lsn + 1))
+    w.close()
+    # An unchained log has no head to carry.
+    plain = str(tmp_path / "plain")
+    w = Store(plain, hash_chain=False).put_rotate_put(5, 3)
+    reader = stream_reader(plain, startingPosition="earliest", maxRecordsPerTrigger=2)
+    end, rows = drain(reader, first_position(reader))
+    assert lsns(rows) == list(range(1, w.last_lsn + 1)) and "head" not in end
+    w.close()
+
+
+def open_with_two_records(url: str) -> Any:
+    """A log (chained) left open, holding ``{"i": 1}`` and ``{"i": 2}`` in one batch."""
+    lg = persistlog.open(url, lambda emit: None, rotate_bytes=None)
+    lg.update_many([{"i": 1}, {"i": 2}])
+    lg.sync()
+    return lg
+
+
+def test_a_batch_changed_at_the_end_of_a_micro_batch_fails_the_next_one(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    lg = open_with_two_records(url)
+    reader = stream_reader(url, startingPosition="earliest")
+    first = micro_batch(reader, first_position(reader))[0]
+    lg.update({"i": 3})
+    lg.sync()
+    path = segment_paths(url)[-1]
+    changed, _size = record_spans(path)[-1]
+    change_batch(path, changed)  # 3 becomes 2, its checksums fixed
+    end, rows, _ = micro_batch(reader, first)
+    assert [r["record"] for r in rows] == ['{"i":2}']  # what the micro-batch read is not what was written
+    lg.update({"i": 4})  # linked to the hash the batch had when it was written
+    lg.sync()
+    after, _size = record_spans(path)[-1]
+    # An offset from a version that did not keep the chain head takes the link as given.
+    old = stream_reader(url, startingPosition="earliest")
+    assert [r["record"] for r in micro_batch(old, without_head(end))[1]] == ['{"i":4}']
+    with pytest.raises(CorruptLogError, match="hash chain broken") as e:
+        micro_batch(reader, end)
+    assert (e.value.log, e.value.segment, e.value.offset) == (1, os.path.basename(path), after)
+    assert "where the scan started" in str(e.value)
+    lg.close()
+
+
+def test_a_batch_changed_after_the_driver_walked_it_fails_the_micro_batch(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    lg = open_with_two_records(url)
+    reader = stream_reader(url, startingPosition="earliest")
+    start = first_position(reader)
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    path = segment_paths(url)[-1]
+    change_batch(path, record_spans(path)[-1][0])  # as the executors are about to read it
+    executor = pickle.loads(pickle.dumps(reader))
+    with pytest.raises(CorruptLogError, match="the driver's walk found") as e:
+        [b for p in reader.partitions(start, end) for b in executor.read(p)]
+    assert (e.value.log, e.value.segment, e.value.offset) == (1, os.path.basename(path), end["offset"])
+    lg.close()
+
+
+def test_a_batch_changed_before_a_seal_that_starts_a_micro_batch(tmp_path: Any) -> None:
+    """The micro-batch after the changed batch holds no record of its log, only the seal
+    (linked to the head that log had): the seal is read for its link."""
+    url = str(tmp_path / "log")
+    lg = open_with_two_records(url)
+    path = segment_paths(url)[-1]
+    change_batch(path, record_spans(path)[-1][0])
+    reader = stream_reader(url, startingPosition="earliest")
+    end = micro_batch(reader, first_position(reader))[0]
+    lg.rotate(wait=True)
+    lg.update({"i": 3})
+    lg.sync()
+    seal = batch_spans(path)[-1][0]
+    assert micro_batch(stream_reader(url), without_head(end))[1] != []
+    with pytest.raises(CorruptLogError, match="hash chain broken") as e:
+        micro_batch(reader, end)
+    assert (e.value.log, e.value.segment, e.value.offset) == (1, os.path.basename(path), seal)
+    lg.close()
+
+
+def test_a_batch_changed_at_the_end_of_an_unsealed_log_fails_where_the_next_log_starts(tmp_path: Any) -> None:
+    url = str(tmp_path / "log")
+    w = Store(url).put_rotate_put(6, 2)
+    w.close()
+    first, second = segment_paths(url)
+    unseal(first)  # as if the writer had died after starting log 2
+    change_batch(first, record_spans(first)[-1][0])
+    reader = stream_reader(url, startingPosition="earliest")
+    with pytest.raises(CorruptLogError, match="hash chain broken") as e:
+        drain(reader, reader.initialOffset())
+    assert (e.value.log, e.value.segment, e.value.offset) == (2, os.path.basename(second), 40)
+    assert "the log before it ends at chain head" in str(e.value)
+
+
+def test_a_next_log_that_links_elsewhere_fails_where_it_starts(tmp_path: Any) -> None:
+    """Log 2 relinked from another head, every link after its first consistent and every
+    checksum fixed: only the seam between the logs can tell."""
+    from tests.persistlog import tamper
+
+    url = str(tmp_path / "log")
+    w = Store(url).put_rotate_put(6, 2)
+    last = w.last_lsn
+    w.close()
+    segments = tamper.load(url)
+    tamper.relink([s for s in segments if s.seq == 2], head=bytes(32))
+    tamper.save(url, segments)
+    second = segment_paths(url)[1]
+    reader = stream_reader(url, startingPosition="earliest")
+    with pytest.raises(CorruptLogError, match="hash chain broken") as e:
+        drain(reader, reader.initialOffset())
+    assert (e.value.log, e.value.segment, e.value.offset) == (2, os.path.basename(second), 40)
+    # Read from log 2's start (the stream does not read log 1), its first link is taken as given.
+    rows = drain(reader, {"log": 2, "segment": 0, "offset": 0, "next_lsn": 7})[1]
+    assert lsns(rows) == list(range(7, last + 1))
