@@ -352,16 +352,7 @@ class ObjectSegments(SegmentWriter):
             # So it is made again, the same bytes at the same name, create-only: what is
             # there with these bytes is this PUT landed, anything else another writer's.
             number, data, count, seal = putting
-            name = F.segment_name(self.seq, number)
-            try:
-                self.dest.create(name, data)
-            except FileExistsError as e:
-                try:
-                    ours = self.dest.read(name) == data
-                except FileNotFoundError:
-                    ours = False
-                if not ours:
-                    raise FileExistsError(f"{self.dest.url}/{name} exists already") from e
+            self._create(number, data, again=True)
             self._put_done(number, len(data), count, seal)
 
     def _put(self, extra: bytes = b"", trailer: bool = False) -> None:
@@ -376,12 +367,24 @@ class ObjectSegments(SegmentWriter):
             body += extra
         data = head + body + tail
         self._putting = (number, data, count, trailer)
+        self._create(number, data)
+        self._put_done(number, len(data), count, trailer)
+
+    def _create(self, number: int, data: bytes, again: bool = False) -> None:
+        """PUT segment ``number``, create-only. A segment there already is another
+        writer's (``FileExistsError``), unless the PUT is made ``again`` and the object
+        holds these very bytes: the interrupted PUT, landed."""
         name = F.segment_name(self.seq, number)
         try:
             self.dest.create(name, data)
         except FileExistsError as e:
+            if again:
+                try:
+                    if self.dest.read(name) == data:
+                        return
+                except FileNotFoundError:
+                    pass
             raise FileExistsError(f"{self.dest.url}/{name} exists already") from e
-        self._put_done(number, len(data), count, trailer)
 
     def _put_done(self, number: int, size: int, count: int, seal: bool) -> None:
         # Bookkeeping without a call in between: done whole, or not at all and redone.
