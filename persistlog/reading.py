@@ -15,6 +15,7 @@ Finding logs
     ``read_pointer`` (the log ``CURRENT`` names), ``replay_plan`` and ``ReplayPlan`` (the
     logs a restore replays, and whether the first holds a complete snapshot),
     ``why_no_log`` (what a location that holds no log holds instead, for an error message),
+    ``no_log`` (the ``LogNotFoundError`` that says it, with the reader's advice),
     ``read_log_set_marker`` (the depth of the log set at a root, None for no set; its keys
     and logs are ``persistlog.LogSet.logs``), ``segment_name`` and ``parse_segment_name``
     (segment names), ``CURRENT_NAME``, ``LOG_SET_NAME`` (the marker at a log set's root).
@@ -139,6 +140,7 @@ from ._read.reader import (
     declares_gap,
     list_logs,
     list_logs_sized,
+    no_log,
     outrun,
     read_pointer,
     retention_gap,
@@ -214,6 +216,7 @@ __all__ = [
     "list_logs_sized",
     "load_public_key",
     "next_segments",
+    "no_log",
     "outrun",
     "parse_batch_header",
     "parse_segment_header",

@@ -44,7 +44,7 @@ from persistlog.reading import (
     replay_plan,
     segment_name,
     walk_headers,
-    why_no_log,
+    no_log,
 )
 from ._options import MIN_SPLIT_BYTES, ReadOptions
 
@@ -286,8 +286,7 @@ def _survey_log(
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
-        why = why_no_log(dest) or "it holds no log segment"
-        raise LogNotFoundError(f"no persistlog log at {dest.url}: {why}; check the path given to load()")
+        raise no_log(dest, "check the path given to load()")
     seqs = sorted(listing)
     expect_complete = False
     if opts.logs == "latest":

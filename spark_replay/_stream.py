@@ -28,9 +28,9 @@ from pyspark.sql.streaming.datasource import (
 
 from destinations import Destination, open_destination
 
-from persistlog import Cursor, DestinationError, LogNotFoundError, PersistLogError, ResetRequired
+from persistlog import Cursor, DestinationError, PersistLogError, ResetRequired
 from persistlog.reading import (
-    RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap, segment_name, why_no_log,
+    RESYNC_ATTEMPTS, RetentionGap, SegmentGone, outrun, retention_gap, segment_name, no_log,
 )
 from ._options import StreamOptions, starting_position
 from ._plan import LogPartition, split_bytes
@@ -89,10 +89,7 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             return Position(start).offset()
         if not self.tail.dest.exists():
             # A mistyped path must not wait forever for a log that will never come.
-            raise LogNotFoundError(
-                f"no persistlog log at {self.opts.read.url}: {why_no_log(self.tail.dest) or 'it holds no log segment'}; "
-                "check the path given to load()"
-            )
+            raise no_log(self.tail.dest, "check the path given to load()")
         return {STARTING: where}
 
     def _start(self, where: str) -> Position | None:
@@ -132,11 +129,8 @@ class PersistLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             first = self._start(str(start[STARTING]))
             if first is None:
                 if not self.opts.wait_for_log:
-                    why = why_no_log(self.tail.dest) or "it holds no log segment"
-                    raise LogNotFoundError(
-                        f"no persistlog log at {self.opts.read.url}: {why}; check the path given to load(), "
-                        'or set .option("waitForLog", "true") to wait for a writer to make one'
-                    )
+                    raise no_log(self.tail.dest, 'check the path given to load(), or set .option("waitForLog", '
+                                 '"true") to wait for a writer to make one')
                 logger.info("no log at %s yet: the stream starts at the first one", self.opts.read.url)
                 return start
             logger.info("stream of %s starts at %s (%s)", self.opts.read.url, first.cursor, start[STARTING])

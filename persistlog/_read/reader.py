@@ -346,10 +346,12 @@ def _first_few(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def no_log(dest: Destination) -> LogNotFoundError:
-    """The error for a reader of an existing log at ``dest`` that holds none: names the URL
-    and what is there instead, so that a mistyped path never reads as an empty history."""
-    return LogNotFoundError(f"no persistlog log at {dest.url}: {why_no_log(dest) or 'it holds no log segment'}")
+def no_log(dest: Destination, advice: str = "") -> LogNotFoundError:
+    """The error for a reader of a log at ``dest`` that holds none: names the URL and what
+    is there instead (:func:`why_no_log`), then the reader's own ``advice`` if given, so
+    that a mistyped path never reads as an empty history."""
+    why = why_no_log(dest) or "it holds no log segment"
+    return LogNotFoundError(f"no persistlog log at {dest.url}: {why}" + (f"; {advice}" if advice else ""))
 
 
 def newer_log(dest: Destination, seq: int) -> int | None:
