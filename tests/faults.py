@@ -16,7 +16,8 @@ consecutive calls. A fault can:
 * raise *after* the call went through (``after=True``), like a response lost on the wire;
 * delay the call (``delay(op, seconds)``);
 * run something else first (``call_before(op, hook)``), at that exact point: another
-  process deleting or writing files between two calls of a reader.
+  process deleting or writing files between two calls of a reader (``path=``: the
+  ``nth`` call of ``op`` on a path that contains it).
 
 Instances are never cached by fsspec, so each plan gets its own wrapper; the target
 filesystem is built with ``fsspec.filesystem(target_protocol, **target_options)`` (for
@@ -50,9 +51,19 @@ class Fault:
     delay: float = 0.0
     after: bool = False
     hook: Callable[[], None] | None = None
+    #: Only calls on a path containing this, counted apart (None: every call of ``op``).
+    path: str | None = None
+    seen: int = 0
 
-    def matches(self, op: str, count: int) -> bool:
-        return op == self.op and self.nth <= count < self.nth + self.times
+    def matches(self, op: str, count: int, path: str = "") -> bool:
+        if op != self.op:
+            return False
+        if self.path is not None:
+            if self.path not in path:
+                return False
+            self.seen += 1
+            count = self.seen
+        return self.nth <= count < self.nth + self.times
 
 
 class FaultPlan:
@@ -95,17 +106,18 @@ class FaultPlan:
         self.rules.append(Fault(op, nth, times, None, delay=seconds))
         return self
 
-    def call_before(self, op: str, hook: Callable[[], None], nth: int = 1) -> FaultPlan:
-        """Run ``hook`` just before call ``nth`` of ``op``, then let the call through."""
-        self.rules.append(Fault(op, nth, 1, None, hook=hook))
+    def call_before(self, op: str, hook: Callable[[], None], nth: int = 1, path: str | None = None) -> FaultPlan:
+        """Run ``hook`` just before call ``nth`` of ``op`` (of those on a path containing
+        ``path``, if given), then let the call through."""
+        self.rules.append(Fault(op, nth, 1, None, hook=hook, path=path))
         return self
 
-    def run(self, op: str, call: Callable[[], Any]) -> Any:
-        """Apply the plan to one call of ``op``."""
+    def run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
+        """Apply the plan to one call of ``op`` (on ``path``)."""
         with self._lock:
             self.calls[op] += 1
             count = self.calls[op]
-            rules = [r for r in self.rules if r.matches(op, count)]
+            rules = [r for r in self.rules if r.matches(op, count, path)]
             if rules:
                 self.fired.append((op, count))
         for rule in rules:
@@ -153,12 +165,12 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def _target_path(self, path: str) -> str:
         return str(self.target._strip_protocol(self._strip_protocol(path)))
 
-    def _run(self, op: str, call: Callable[[], Any]) -> Any:
-        return self.faults.run(op, call)
+    def _run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
+        return self.faults.run(op, call, path)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         return self._run(
-            "ls", lambda: self.target.ls(self._target_path(path), detail=detail, **kwargs)
+            "ls", lambda: self.target.ls(self._target_path(path), detail=detail, **kwargs), path
         )
 
     def info(self, path: str, **kwargs: Any) -> Any:
