@@ -116,7 +116,8 @@ class LogPartition(InputPartition):
     end_head: bytes | None = None
     #: The log CURRENT named when the driver listed the log (0: none), read before the
     #: listing: damage met in a log that CURRENT has moved past since is retention
-    #: deleting it under the read (:func:`deleted_under`). None: not noted (a stream's
+    #: deleting it under the read (:func:`deleted_under`). None: not noted (a listing
+    #: of one log, which retention cannot be deleting: :func:`listed_noted`; a stream's
     #: micro-batch, which meets retention its own way).
     current: int | None = None
 
@@ -241,10 +242,9 @@ def plan(opts: ReadOptions) -> list[LogPartition] | list[SetPartition]:
         return plan_set(opts)
     dest = open_destination(opts.url, **opts.storage_options)
     try:
-        current = noted_current(dest)
-        listed = _listed_sized(dest)
-        with retention_checked(dest, listed[0], current):
-            read = _survey_log(dest, opts, listed, current)
+        listing, sizes, current = listed_noted(dest)
+        with retention_checked(dest, listing, current):
+            read = _survey_log(dest, opts, (listing, sizes), current)
             parts = _partitions_of(read, opts, split_bytes(read.nbytes, opts))
         logger.info(
             "planned %d partition(s) over %d log(s) at %s (%s bytes)",
@@ -271,13 +271,23 @@ def deleted_while_read(url: str, what: str) -> DestinationError:
     )
 
 
-def noted_current(dest: Destination) -> int:
-    """The log CURRENT names (0: none), read before a listing, for :func:`deleted_under`."""
-    return read_pointer(dest) or 0
+def listed_noted(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int], int | None]:
+    """The logs at ``dest`` and their segments' sizes (:func:`_listed_sized`), and the log
+    CURRENT named before that listing (0: none), for :func:`deleted_under`.
+
+    Retention deletes a log only once CURRENT names a later log, which is there before
+    CURRENT names it and stays while the older one is deleted: a listing that shows one
+    log shows none being deleted, and needs no CURRENT (None). One that shows more is
+    taken again after a read of CURRENT."""
+    listed = _listed_sized(dest)
+    if len(listed[0]) < 2:
+        return (*listed, None)
+    current = read_pointer(dest) or 0
+    return (*_listed_sized(dest), current)
 
 
 def deleted_under(
-    dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int, damaged: int | None
+    dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int | None, damaged: int | None
 ) -> str | None:
     """How retention has been deleting logs of ``listing`` (taken after CURRENT named
     ``current``) under a read that found damage in log ``damaged``, if it has: a segment
@@ -285,8 +295,8 @@ def deleted_under(
     log's segments last first once CURRENT moved past it, so a listing taken meanwhile
     shows the log cut short while every segment it lists is still there
     (:func:`persistlog.reading.gone_since`, which followers ask too). None: the damage
-    is real."""
-    if not listing:
+    is real (or ``current`` is None: not noted)."""
+    if not listing or current is None:
         return None
     gone = gone_since(dest, ReplayPlan(listing, min(listing), False, current), damaged)
     if gone is None:
@@ -297,7 +307,9 @@ def deleted_under(
 
 
 @contextmanager
-def retention_checked(dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int) -> Iterator[None]:
+def retention_checked(
+    dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int | None
+) -> Iterator[None]:
     """Damage met inside: ``CorruptLogError`` as raised, unless retention was deleting the
     damaged log under the read (:func:`deleted_under`): then the error that says so."""
     try:
@@ -320,8 +332,8 @@ class _LogRead:
     kept: list[_Log]
     next_first: dict[int, int | None]
     expect_complete: bool
-    #: CURRENT as read before the listing (:func:`noted_current`).
-    current: int
+    #: CURRENT as read before the listing (:func:`listed_noted`).
+    current: int | None
 
     @property
     def nbytes(self) -> int:
@@ -332,7 +344,7 @@ def _survey_log(
     dest: Destination,
     opts: ReadOptions,
     listed: tuple[dict[int, list[tuple[int, str]]], dict[str, int]],
-    current: int,
+    current: int | None,
 ) -> _LogRead:
     """Which logs of ``dest`` the read takes, checked, with their segments' sizes.
 
@@ -453,7 +465,7 @@ def _partitions(
     base_from: int | None,
     prev_base: int | None,
     log_key: str | None,
-    current: int,
+    current: int | None,
 ) -> list[LogPartition]:
     """The ranges of log ``lg``; ``next_log`` is the first LSN and first link of the log
     after it (checked by the last range)."""
@@ -518,7 +530,7 @@ class LogToPlan:
     target: int
     nbytes: int
     #: CURRENT as the driver read it before the listing (:attr:`LogPartition.current`).
-    current: int
+    current: int | None
 
     def __repr__(self) -> str:
         # Never print storage options (in opts): they may hold credentials.
@@ -599,7 +611,7 @@ class _Listed:
     dest: Destination
     listing: dict[int, list[tuple[int, str]]]
     sizes: dict[str, int]
-    current: int
+    current: int | None
 
     @property
     def nbytes(self) -> int:
@@ -632,8 +644,7 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
         key, url = key_url
         dest = open_destination(url, **opts.storage_options)
         try:
-            current = noted_current(dest)
-            listing, sizes = _listed_sized(dest)
+            listing, sizes, current = listed_noted(dest)
             if not listing:
                 logger.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
                 dest.close()

@@ -16,8 +16,9 @@ consecutive calls. A fault can:
 * raise *after* the call went through (``after=True``), like a response lost on the wire;
 * delay the call (``delay(op, seconds)``);
 * run something else first (``call_before(op, hook)``), at that exact point: another
-  process deleting or writing files between two calls of a reader (``path=``: the
-  ``nth`` call of ``op`` on a path that contains it).
+  process deleting or writing files between two calls of a reader; or just after the
+  call (``call_after``) (``path=``: the ``nth`` call of ``op`` on a path that contains
+  it).
 
 Instances are never cached by fsspec, so each plan gets its own wrapper; the target
 filesystem is built with ``fsspec.filesystem(target_protocol, **target_options)`` (for
@@ -51,6 +52,8 @@ class Fault:
     delay: float = 0.0
     after: bool = False
     hook: Callable[[], None] | None = None
+    #: The hook runs after the call went through rather than before it.
+    hook_after: bool = False
     #: Only calls on a path containing this, counted apart (None: every call of ``op``).
     path: str | None = None
     seen: int = 0
@@ -112,6 +115,11 @@ class FaultPlan:
         self.rules.append(Fault(op, nth, 1, None, hook=hook, path=path))
         return self
 
+    def call_after(self, op: str, hook: Callable[[], None], nth: int = 1, path: str | None = None) -> FaultPlan:
+        """Run ``hook`` just after call ``nth`` of ``op`` (as :meth:`call_before`) went through."""
+        self.rules.append(Fault(op, nth, 1, None, hook=hook, hook_after=True, path=path))
+        return self
+
     def run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
         """Apply the plan to one call of ``op`` (on ``path``)."""
         with self._lock:
@@ -123,12 +131,15 @@ class FaultPlan:
         for rule in rules:
             if rule.delay:
                 time.sleep(rule.delay)
-            if rule.hook is not None:
+            if rule.hook is not None and not rule.hook_after:
                 rule.hook()
         for rule in rules:
             if rule.make_error is not None and not rule.after:
                 raise rule.make_error(f"injected fault: {op} call {count}")
         result = call()
+        for rule in rules:
+            if rule.hook is not None and rule.hook_after:
+                rule.hook()
         for rule in rules:
             if rule.make_error is not None and rule.after:
                 raise rule.make_error(f"injected fault after {op} call {count} went through")
@@ -190,6 +201,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return self._run(
             "cat_file",
             lambda: self.target.cat_file(self._target_path(path), start=start, end=end, **kwargs),
+            path,
         )
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:

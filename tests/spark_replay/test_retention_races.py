@@ -1,7 +1,8 @@
 """The batch source racing retention: a log that retention deletes while Spark reads it is
 "deleted while being read" (``DestinationError``: read again), never ``CorruptLogError``.
 
-The race forced here: the driver read CURRENT (log 4), then, before its listing, the writer
+The race forced here: the driver read CURRENT (log 4) before the listing it plans from
+(having listed two logs: a listing of one log needs no CURRENT); just after, the writer
 moved CURRENT to log 5 and retention deleted log 4's later segments but not yet its first
 (last segment first). The listing shows log 4 cut short, every segment it lists still
 there when the partitions read it: log 4 then "ends before" log 5 starts. The planner and
@@ -102,7 +103,7 @@ def test_a_log_cut_short_by_retention_under_way_at_the_listing_is_deleted_not_co
     (strict), or that damage listed in the corrupt view."""
     url = "memory://race/log"
     _write_logs(url)
-    plan_ = FaultPlan().call_before("ls", lambda: _cut_short(url, 4, move_to=5), path="race/log")
+    plan_ = FaultPlan().call_after("cat_file", lambda: _cut_short(url, 4, move_to=5), path="race/log/CURRENT")
     opts = _options(url, plan_, **({"recovery": "skip"} if view == "corrupt" else {}))
     parts = plan(opts)
     assert plan_.fired
@@ -118,7 +119,7 @@ def test_a_log_cut_short_while_current_stays_is_corruption(clean_memory_fs: None
     """The same cut with CURRENT still naming log 4: real damage, reported as such."""
     url = "memory://race/log"
     _write_logs(url)
-    plan_ = FaultPlan().call_before("ls", lambda: _cut_short(url, 4, move_to=None), path="race/log")
+    plan_ = FaultPlan().call_after("cat_file", lambda: _cut_short(url, 4, move_to=None), path="race/log/CURRENT")
     parts = plan(_options(url, plan_))
     assert plan_.fired
     with pytest.raises(persistlog.CorruptLogError, match="log 4 ends before LSN") as e:
@@ -143,7 +144,9 @@ def test_a_set_log_cut_short_by_retention_is_deleted_and_real_damage_stays_corru
     root = "memory://raceset/root"
     url = _write_set(root)
     key_dir = url.split("://", 1)[1]
-    plan_ = FaultPlan().call_before("ls", lambda: _cut_short(url, 4, move_to=5 if cut_current else None), path=key_dir)
+    plan_ = FaultPlan().call_after(
+        "cat_file", lambda: _cut_short(url, 4, move_to=5 if cut_current else None), path=f"{key_dir}/CURRENT"
+    )
     opts = replace(_options(root, plan_), log_set=True)
     parts = plan(opts)  # (the fault plan in the storage options does not pickle)
     assert plan_.fired and parts
