@@ -177,3 +177,27 @@ def test_a_small_local_log_of_a_set_planned_by_its_task_tells_retention_from_dam
     else:
         with pytest.raises(persistlog.CorruptLogError, match="log 4 ends before LSN"):
             list(_read(parts))
+
+
+def test_current_is_read_before_a_listing_of_more_than_one_log_only(clean_memory_fs: None) -> None:
+    """A listing of one log needs no CURRENT (no log of it can be one retention is deleting:
+    a later log would be there); one of two logs is taken again after a read of CURRENT,
+    and that second listing is the one planned from."""
+    url = "memory://race/log"
+    _write_logs(url)  # logs 4 and 5
+    current_reads: list[int] = []
+    plan_ = FaultPlan()
+    for nth in range(1, 4):
+        plan_.call_before("cat_file", lambda: current_reads.append(plan_.calls["ls"]), nth=nth, path="race/log/CURRENT")
+    parts = plan(_options(url, plan_))
+    assert current_reads == [1]  # after the first listing, before the second
+    assert plan_.calls["ls"] == 2 and {p.current for p in parts} == {4}
+
+    single = "memory://race/single"
+    lg = persistlog.open(single, lambda emit: None)
+    lg.update({"op": "put", "key": 1, "value": 1})
+    lg.close()
+    seen: list[int] = []
+    plan_ = FaultPlan().call_before("cat_file", lambda: seen.append(1), path="race/single/CURRENT")
+    parts = plan(_options(single, plan_))
+    assert seen == [] and plan_.calls["ls"] == 1 and {p.current for p in parts} == {None}
