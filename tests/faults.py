@@ -77,6 +77,9 @@ class FaultPlan:
         self.calls: Counter[str] = Counter()
         self.fired: list[tuple[str, int]] = []
         self._lock = threading.Lock()
+        # The path of the call being run, per thread (set by the filesystem: run() keeps
+        # its signature for plans that override it).
+        self._call = threading.local()
 
     def __repr__(self) -> str:
         return f"FaultPlan({len(self.rules)} rules, calls={dict(self.calls)})"
@@ -120,8 +123,17 @@ class FaultPlan:
         self.rules.append(Fault(op, nth, 1, None, hook=hook, hook_after=True, path=path))
         return self
 
-    def run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
-        """Apply the plan to one call of ``op`` (on ``path``)."""
+    def run_on(self, op: str, call: Callable[[], Any], path: str) -> Any:
+        """:meth:`run` for a call on ``path`` (which ``path=`` rules match)."""
+        self._call.path = path
+        try:
+            return self.run(op, call)
+        finally:
+            self._call.path = ""
+
+    def run(self, op: str, call: Callable[[], Any]) -> Any:
+        """Apply the plan to one call of ``op``."""
+        path = getattr(self._call, "path", "")
         with self._lock:
             self.calls[op] += 1
             count = self.calls[op]
@@ -177,7 +189,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return str(self.target._strip_protocol(self._strip_protocol(path)))
 
     def _run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
-        return self.faults.run(op, call, path)
+        return self.faults.run_on(op, call, path)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         return self._run(
