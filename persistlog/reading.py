@@ -43,7 +43,9 @@ Gaps, damage and retention
     ``Skipped`` (damage passed over in ``"skip"`` mode; a crash's unfinished end, dropped,
     is a ``persistlog.TornTail``), ``SegmentGone`` (a segment not there), ``retention_gap``
     and ``RetentionGap`` (gone because retention deleted it), ``outrun`` and
-    ``RESYNC_ATTEMPTS`` (a reader retention keeps overtaking), ``gap_closed`` (whether a
+    ``RESYNC_ATTEMPTS`` (a reader retention keeps overtaking), ``gone_since`` (whether
+    what a ``ReplayPlan`` listed is being deleted: a segment gone since, or damage in a
+    log that CURRENT has moved past since the plan read it), ``gap_closed`` (whether a
     declared gap is behind a reader), ``first_lsn`` (the first LSN of a segment).
 
 Positions and following
@@ -147,7 +149,7 @@ from ._read.reader import (
     walk_headers,
     why_no_log,
 )
-from ._read.restore import ReplayPlan, gc_pause
+from ._read.restore import ReplayPlan, gc_pause, gone_since
 from ._read.restore import plan as replay_plan
 from ._read.seek import LogView, Place, seek, utc_micros
 from ._usage import UsageError, parse_storage_options
@@ -209,6 +211,7 @@ __all__ = [
     "from_json",
     "gap_closed",
     "gc_pause",
+    "gone_since",
     "head_after",
     "inspect_destination",
     "key_text",

@@ -37,14 +37,17 @@ from persistlog.reading import (
     SEGMENT_HEADER_SIZE,
     WALK_CHUNK,
     HeaderWalk,
+    ReplayPlan,
     ScanStart,
     gc_pause,
+    gone_since,
     list_logs,
     list_logs_sized,
+    no_log,
+    read_pointer,
     replay_plan,
     segment_name,
     walk_headers,
-    no_log,
 )
 from ._options import MIN_SPLIT_BYTES, ReadOptions
 
@@ -111,6 +114,12 @@ class LogPartition(InputPartition):
     #: micro-batch, which the next one's first link is checked against): a scan that
     #: reaches the end of the data there must end at it (None: no check).
     end_head: bytes | None = None
+    #: The log CURRENT named when the driver listed the log (0: none), read before the
+    #: listing: damage met in a log that CURRENT has moved past since is retention
+    #: deleting it under the read (:func:`deleted_under`). None: not noted (a listing
+    #: of one log, which retention cannot be deleting: :func:`listed_noted`; a stream's
+    #: micro-batch, which meets retention its own way).
+    current: int | None = None
 
     def __repr__(self) -> str:
         # Never print storage options: they may hold credentials.
@@ -233,8 +242,10 @@ def plan(opts: ReadOptions) -> list[LogPartition] | list[SetPartition]:
         return plan_set(opts)
     dest = open_destination(opts.url, **opts.storage_options)
     try:
-        read = _survey_log(dest, opts)
-        parts = _partitions_of(read, opts, split_bytes(read.nbytes, opts))
+        listing, sizes, current = listed_noted(dest)
+        with retention_checked(dest, listing, current):
+            read = _survey_log(dest, opts, (listing, sizes), current)
+            parts = _partitions_of(read, opts, split_bytes(read.nbytes, opts))
         logger.info(
             "planned %d partition(s) over %d log(s) at %s (%s bytes)",
             len(parts), len(read.kept), opts.url, sum(p.nbytes for p in parts),
@@ -249,9 +260,65 @@ def plan(opts: ReadOptions) -> list[LogPartition] | list[SetPartition]:
 def _vanished(e: FileNotFoundError, url: str) -> Exception:
     if isinstance(e, LogNotFoundError):
         return e
+    return deleted_while_read(url, f"a file vanished while the read was planned: {e}")
+
+
+def deleted_while_read(url: str, what: str) -> DestinationError:
+    """The error of a read that retention deleted files under (``what`` says which and how
+    it showed): not damage, and a read started again reads what is left."""
     return DestinationError(
-        f"a file vanished while planning the read of {url} (retention by a running writer?): {e}"
+        f"logs at {url} were deleted while being read (retention by a running writer?): {what}; read again"
     )
+
+
+def listed_noted(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int], int | None]:
+    """The logs at ``dest`` and their segments' sizes (:func:`_listed_sized`), and the log
+    CURRENT named before that listing (0: none), for :func:`deleted_under`.
+
+    Retention deletes a log only once CURRENT names a later log, which is there before
+    CURRENT names it and stays while the older one is deleted: a listing that shows one
+    log shows none being deleted, and needs no CURRENT (None). One that shows more is
+    taken again after a read of CURRENT."""
+    listed = _listed_sized(dest)
+    if len(listed[0]) < 2:
+        return (*listed, None)
+    current = read_pointer(dest) or 0
+    return (*_listed_sized(dest), current)
+
+
+def deleted_under(
+    dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int | None, damaged: int | None
+) -> str | None:
+    """How retention has been deleting logs of ``listing`` (taken after CURRENT named
+    ``current``) under a read that found damage in log ``damaged``, if it has: a segment
+    listed is gone now, or CURRENT has moved past ``damaged`` since. Retention deletes a
+    log's segments last first once CURRENT moved past it, so a listing taken meanwhile
+    shows the log cut short while every segment it lists is still there
+    (:func:`persistlog.reading.gone_since`, which followers ask too). None: the damage
+    is real (or ``current`` is None: not noted)."""
+    if not listing or current is None:
+        return None
+    gone = gone_since(dest, ReplayPlan(listing, min(listing), False, current), damaged)
+    if gone is None:
+        return None
+    if gone.segment > listing[gone.seq][-1][0]:  # after the log's last listed segment
+        return f"CURRENT has moved past log {gone.seq} since the read listed it"
+    return f"log {gone.seq} segment {gone.segment} is gone"
+
+
+@contextmanager
+def retention_checked(
+    dest: Destination, listing: dict[int, list[tuple[int, str]]], current: int | None
+) -> Iterator[None]:
+    """Damage met inside: ``CorruptLogError`` as raised, unless retention was deleting the
+    damaged log under the read (:func:`deleted_under`): then the error that says so."""
+    try:
+        yield
+    except CorruptLogError as e:
+        how = deleted_under(dest, listing, current, e.log)
+        if how is None:
+            raise
+        raise deleted_while_read(dest.url, f"{how}, and the read found: {e}") from e
 
 
 @dataclass
@@ -265,6 +332,8 @@ class _LogRead:
     kept: list[_Log]
     next_first: dict[int, int | None]
     expect_complete: bool
+    #: CURRENT as read before the listing (:func:`listed_noted`).
+    current: int | None
 
     @property
     def nbytes(self) -> int:
@@ -274,15 +343,16 @@ class _LogRead:
 def _survey_log(
     dest: Destination,
     opts: ReadOptions,
-    listed: tuple[dict[int, list[tuple[int, str]]], dict[str, int]] | None = None,
+    listed: tuple[dict[int, list[tuple[int, str]]], dict[str, int]],
+    current: int | None,
 ) -> _LogRead:
     """Which logs of ``dest`` the read takes, checked, with their segments' sizes.
 
-    ``listed`` is the listing and the segments' sizes (by name) that a log set's planning
-    already took (:func:`_listed_sized`). The start of each log's first segment is read
+    ``listed`` is the listing and the segments' sizes (by name) (:func:`_listed_sized`),
+    taken after CURRENT named ``current``. The start of each log's first segment is read
     once, here: its first LSN, whether it follows a gap, and (where the snapshot is small)
     its complete marker."""
-    listing, sizes = _listed_sized(dest) if listed is None else listed
+    listing, sizes = listed
     if not listing:
         # As the replay job and restore(missing_ok=False) say it: a mistyped path must not
         # read as an empty history.
@@ -316,7 +386,7 @@ def _survey_log(
         and not (opts.to_lsn is not None and lg.first_lsn is not None and lg.first_lsn > opts.to_lsn)
     ]
     _map(lambda lg: _sizes(dest, lg, opts, sizes), kept)
-    return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete)
+    return _LogRead(dest, seqs, gaps, logs, kept, next_first, expect_complete, current)
 
 
 def _listed_sized(dest: Destination) -> tuple[dict[int, list[tuple[int, str]]], dict[str, int]]:
@@ -371,7 +441,8 @@ def _partitions_of(read: _LogRead, opts: ReadOptions, target: int, log_key: str 
         if from_start and lg.first_lsn is not None:
             base_from = replay_base(lg.first_lsn, lg.complete_lsn)
         parts.extend(
-            _partitions(lg, opts, dest.url, target, (next_first[lg.seq], next_link.get(lg.seq)), base_from, prev_base, log_key)
+            _partitions(lg, opts, dest.url, target, (next_first[lg.seq], next_link.get(lg.seq)), base_from, prev_base, log_key,
+                        read.current)
         )
         if base_from is not None:
             prev_base = lg.seq
@@ -394,6 +465,7 @@ def _partitions(
     base_from: int | None,
     prev_base: int | None,
     log_key: str | None,
+    current: int | None,
 ) -> list[LogPartition]:
     """The ranges of log ``lg``; ``next_log`` is the first LSN and first link of the log
     after it (checked by the last range)."""
@@ -432,6 +504,7 @@ def _partitions(
                 nbytes=sum(u[3] for u in group),
                 log_key=log_key,
                 key_provider=opts.key_provider,
+                current=current,
             )
         )
     return parts
@@ -456,6 +529,8 @@ class LogToPlan:
     sizes: dict[str, int]
     target: int
     nbytes: int
+    #: CURRENT as the driver read it before the listing (:attr:`LogPartition.current`).
+    current: int | None
 
     def __repr__(self) -> str:
         # Never print storage options (in opts): they may hold credentials.
@@ -487,15 +562,16 @@ class LogToPlan:
             missing=(), start=(0, 0, None), end=None, next_log_lsn=None, base_from=None,
             prev_base=None, from_lsn=None, to_lsn=None, recovery=o.recovery,
             convention=o.convention, view=o.view, nbytes=self.nbytes, log_key=self.log_key,
-            key_provider=o.key_provider,
+            key_provider=o.key_provider, current=self.current,
         )
 
     def partitions(self) -> list[LogPartition]:
         """The log's ranges, as :func:`plan_set` plans a log it surveys itself."""
         dest = open_destination(self.url, **self.opts.storage_options)
         try:
-            read = _survey_log(dest, self.opts, (self.listing, self.sizes))
-            return _partitions_of(read, self.opts, self.target, self.log_key)
+            with retention_checked(dest, self.listing, self.current):
+                read = _survey_log(dest, self.opts, (self.listing, self.sizes), self.current)
+                return _partitions_of(read, self.opts, self.target, self.log_key)
         except FileNotFoundError as e:
             raise _vanished(e, dest.url) from e
         finally:
@@ -535,6 +611,7 @@ class _Listed:
     dest: Destination
     listing: dict[int, list[tuple[int, str]]]
     sizes: dict[str, int]
+    current: int | None
 
     @property
     def nbytes(self) -> int:
@@ -567,12 +644,12 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
         key, url = key_url
         dest = open_destination(url, **opts.storage_options)
         try:
-            listing, sizes = _listed_sized(dest)
+            listing, sizes, current = listed_noted(dest)
             if not listing:
                 logger.info("%s: key %r holds no log yet: nothing to read", opts.url, key)
                 dest.close()
                 return None
-            return _Listed(key, dest, listing, sizes)
+            return _Listed(key, dest, listing, sizes, current)
         except FileNotFoundError as e:
             dest.close()
             raise _vanished(e, dest.url) from e
@@ -582,7 +659,8 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
 
     def survey(item: _Listed) -> tuple[str, _LogRead]:
         try:
-            return item.key, _survey_log(item.dest, single, (item.listing, item.sizes))
+            with retention_checked(item.dest, item.listing, item.current):
+                return item.key, _survey_log(item.dest, single, (item.listing, item.sizes), item.current)
         except FileNotFoundError as e:
             raise _vanished(e, item.dest.url) from e
 
@@ -608,12 +686,14 @@ def plan_set(opts: ReadOptions) -> list[SetPartition]:
             if item.key in small:
                 if not item.nbytes:
                     return []
-                return [LogToPlan(item.dest.url, item.key, single, item.listing, item.sizes, target, item.nbytes)]
+                return [LogToPlan(item.dest.url, item.key, single, item.listing, item.sizes, target, item.nbytes,
+                                  item.current)]
             read = surveyed[item.key]
             if not read.nbytes:
                 return []
             try:
-                return _partitions_of(read, single, target, item.key)
+                with retention_checked(read.dest, item.listing, item.current):
+                    return _partitions_of(read, single, target, item.key)
             except FileNotFoundError as e:
                 raise _vanished(e, read.dest.url) from e
 

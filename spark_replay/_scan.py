@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,7 +46,7 @@ from persistlog.reading import (
     to_json,
 )
 from ._keys import keys_named
-from ._plan import LogPartition, LogToPlan, SetPartition, replay_base
+from ._plan import LogPartition, LogToPlan, SetPartition, deleted_under, deleted_while_read, replay_base
 from ._schema import TIMESTAMP, arrow_schema
 
 logger = logging.getLogger("spark_replay")
@@ -83,8 +83,9 @@ class _Range:
         self.dest = dest
         self.part = part
         self.problems: list[Problem] = []
+        self.segments = part.segments() if listed is None else listed.listing[part.seq]
         self.scanner = LogScanner(
-            dest, part.seq, part.segments() if listed is None else listed.listing[part.seq],
+            dest, part.seq, self.segments,
             recovery=part.recovery, start=part.start, tail_ok=part.tail_ok, expect_link=part.first_link,
             keys=keys if keys is not None else keys_named(part.key_provider),
             sizes=None if listed is None else listed.sizes,
@@ -98,7 +99,7 @@ class _Range:
     def corrupt(self, reason: str, segment: str | None = None, offset: int | None = None, length: int | None = None) -> None:
         part = self.part
         if part.recovery == "strict":
-            raise CorruptLogError(reason, destination=part.url, log=part.seq, segment=segment, offset=offset)
+            self._fail(CorruptLogError(reason, destination=part.url, log=part.seq, segment=segment, offset=offset))
         parsed = parse_segment_name(segment) if segment else None
         number = parsed[1] if parsed else None
         self.problems.append(Problem(part.seq, number, segment, offset, length, "skipped", reason))
@@ -107,22 +108,50 @@ class _Range:
         """The batches inside the range, then the end-of-range checks."""
         part = self.part
         end = part.end
+        whole = False
         try:
             for batch in self.scanner:
                 if end is not None and (batch.segment, batch.offset) >= end:
                     break
                 yield batch
             else:
-                self._at_end_of_log()
-                self._at_end_of_walk()
+                whole = True
         except FileNotFoundError as e:
-            raise DestinationError(
-                f"a segment of log {part.seq} at {part.url} vanished during the read "
-                f"(retention by a running writer?): {e}"
-            ) from e
+            raise deleted_while_read(part.url, f"a segment of log {part.seq} vanished during the read: {e}") from e
+        except CorruptLogError as e:
+            self._fail(e)
+        if whole:
+            self._at_end_of_log()
+            self._at_end_of_walk()
         self._collect_scanner_problems()
         if part.start[:2] == (0, 0) and self.scanner.state.header is None:
             self.corrupt("log has no header record", segment_name(part.seq, 0), 0)
+        if any(p.kind == "skipped" for p in self.problems):
+            # Passed over in skip mode: still no damage to report if retention made it.
+            found = next(p.reason for p in self.problems if p.kind == "skipped")
+            deleted = self._deleted(found)
+            if deleted is not None:
+                raise deleted
+
+    def _deleted(self, found: str) -> DestinationError | None:
+        """The error that says retention was deleting this range's log under the read,
+        which is what made it look damaged (``found``: how), if it was
+        (:func:`spark_replay._plan.deleted_under`); None when the damage is real or the
+        partition does not say what CURRENT was when its log was listed."""
+        part = self.part
+        if part.current is None:
+            return None
+        how = deleted_under(self.dest, {part.seq: self.segments}, part.current, part.seq)
+        if how is None:
+            return None
+        return deleted_while_read(part.url, f"{how}, and the read found: {found}")
+
+    def _fail(self, e: CorruptLogError) -> NoReturn:
+        """Raise ``e``, or the error that says retention made it (:meth:`_deleted`)."""
+        deleted = self._deleted(str(e))
+        if deleted is None:
+            raise e
+        raise deleted from e
 
     def _at_end_of_log(self) -> None:
         """The checks between this log's end and the next log's start: its first LSN, and

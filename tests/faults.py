@@ -16,7 +16,9 @@ consecutive calls. A fault can:
 * raise *after* the call went through (``after=True``), like a response lost on the wire;
 * delay the call (``delay(op, seconds)``);
 * run something else first (``call_before(op, hook)``), at that exact point: another
-  process deleting or writing files between two calls of a reader.
+  process deleting or writing files between two calls of a reader; or just after the
+  call (``call_after``) (``path=``: the ``nth`` call of ``op`` on a path that contains
+  it).
 
 Instances are never cached by fsspec, so each plan gets its own wrapper; the target
 filesystem is built with ``fsspec.filesystem(target_protocol, **target_options)`` (for
@@ -50,9 +52,21 @@ class Fault:
     delay: float = 0.0
     after: bool = False
     hook: Callable[[], None] | None = None
+    #: The hook runs after the call went through rather than before it.
+    hook_after: bool = False
+    #: Only calls on a path containing this, counted apart (None: every call of ``op``).
+    path: str | None = None
+    seen: int = 0
 
-    def matches(self, op: str, count: int) -> bool:
-        return op == self.op and self.nth <= count < self.nth + self.times
+    def matches(self, op: str, count: int, path: str = "") -> bool:
+        if op != self.op:
+            return False
+        if self.path is not None:
+            if self.path not in path:
+                return False
+            self.seen += 1
+            count = self.seen
+        return self.nth <= count < self.nth + self.times
 
 
 class FaultPlan:
@@ -63,6 +77,9 @@ class FaultPlan:
         self.calls: Counter[str] = Counter()
         self.fired: list[tuple[str, int]] = []
         self._lock = threading.Lock()
+        # The path of the call being run, per thread (set by the filesystem: run() keeps
+        # its signature for plans that override it).
+        self._call = threading.local()
 
     def __repr__(self) -> str:
         return f"FaultPlan({len(self.rules)} rules, calls={dict(self.calls)})"
@@ -95,28 +112,46 @@ class FaultPlan:
         self.rules.append(Fault(op, nth, times, None, delay=seconds))
         return self
 
-    def call_before(self, op: str, hook: Callable[[], None], nth: int = 1) -> FaultPlan:
-        """Run ``hook`` just before call ``nth`` of ``op``, then let the call through."""
-        self.rules.append(Fault(op, nth, 1, None, hook=hook))
+    def call_before(self, op: str, hook: Callable[[], None], nth: int = 1, path: str | None = None) -> FaultPlan:
+        """Run ``hook`` just before call ``nth`` of ``op`` (of those on a path containing
+        ``path``, if given), then let the call through."""
+        self.rules.append(Fault(op, nth, 1, None, hook=hook, path=path))
         return self
+
+    def call_after(self, op: str, hook: Callable[[], None], nth: int = 1, path: str | None = None) -> FaultPlan:
+        """Run ``hook`` just after call ``nth`` of ``op`` (as :meth:`call_before`) went through."""
+        self.rules.append(Fault(op, nth, 1, None, hook=hook, hook_after=True, path=path))
+        return self
+
+    def run_on(self, op: str, call: Callable[[], Any], path: str) -> Any:
+        """:meth:`run` for a call on ``path`` (which ``path=`` rules match)."""
+        self._call.path = path
+        try:
+            return self.run(op, call)
+        finally:
+            self._call.path = ""
 
     def run(self, op: str, call: Callable[[], Any]) -> Any:
         """Apply the plan to one call of ``op``."""
+        path = getattr(self._call, "path", "")
         with self._lock:
             self.calls[op] += 1
             count = self.calls[op]
-            rules = [r for r in self.rules if r.matches(op, count)]
+            rules = [r for r in self.rules if r.matches(op, count, path)]
             if rules:
                 self.fired.append((op, count))
         for rule in rules:
             if rule.delay:
                 time.sleep(rule.delay)
-            if rule.hook is not None:
+            if rule.hook is not None and not rule.hook_after:
                 rule.hook()
         for rule in rules:
             if rule.make_error is not None and not rule.after:
                 raise rule.make_error(f"injected fault: {op} call {count}")
         result = call()
+        for rule in rules:
+            if rule.hook is not None and rule.hook_after:
+                rule.hook()
         for rule in rules:
             if rule.make_error is not None and rule.after:
                 raise rule.make_error(f"injected fault after {op} call {count} went through")
@@ -153,12 +188,12 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def _target_path(self, path: str) -> str:
         return str(self.target._strip_protocol(self._strip_protocol(path)))
 
-    def _run(self, op: str, call: Callable[[], Any]) -> Any:
-        return self.faults.run(op, call)
+    def _run(self, op: str, call: Callable[[], Any], path: str = "") -> Any:
+        return self.faults.run_on(op, call, path)
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> Any:
         return self._run(
-            "ls", lambda: self.target.ls(self._target_path(path), detail=detail, **kwargs)
+            "ls", lambda: self.target.ls(self._target_path(path), detail=detail, **kwargs), path
         )
 
     def info(self, path: str, **kwargs: Any) -> Any:
@@ -178,6 +213,7 @@ class FaultyFileSystem(AbstractFileSystem):  # type: ignore[misc]
         return self._run(
             "cat_file",
             lambda: self.target.cat_file(self._target_path(path), start=start, end=end, **kwargs),
+            path,
         )
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from urllib.parse import unquote_to_bytes
 
 #: Shard levels a set may have: 256 shards per level.
 MIN_DEPTH, MAX_DEPTH, DEFAULT_DEPTH = 1, 4, 1
@@ -19,7 +20,6 @@ MAX_NAME_BYTES = 255
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _ENCODED = [chr(b) if b in _SAFE else f"%{b:02X}" for b in range(256)]
-_NAME = re.compile(r"[A-Za-z0-9._-]|%[0-9A-F]{2}")
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")
 
 
@@ -47,17 +47,12 @@ def name_key(name: str) -> str | None:
     """The key whose directory name is ``name``; None for a name no key has."""
     if _PLAIN.fullmatch(name) and name[0] != "." and len(name) <= MAX_NAME_BYTES:
         return name  # nothing encoded: the name is its own key (as key_name says)
-    pieces = _NAME.findall(name)
-    if not name or sum(map(len, pieces)) != len(name):
-        return None
-    raw = bytes(int(p[1:], 16) if len(p) == 3 else ord(p) for p in pieces)
+    # Decoded leniently (a stray "%", lower-case hex), then encoded again: a name is a
+    # key's only if it is exactly what key_name makes of that key.
     try:
-        key = raw.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError:
-        return None
-    try:
+        key = unquote_to_bytes(name).decode("utf-8", "surrogatepass")
         return key if key_name(key) == name else None
-    except ValueError:
+    except (UnicodeDecodeError, ValueError):
         return None
 
 
