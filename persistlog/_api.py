@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
@@ -18,10 +18,11 @@ from destinations.local import LocalDestination
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._format import encoder
 from ._format import constants as F
+from ._format.chain import GENESIS
 from ._format.codec import Codec, check_depth
 from ._format.crypt import Keyring, keyring
 from ._format.signing import SIGN_INTERVAL, Checkpoints, Signer
-from ._read.reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
+from ._read.reader import LogState, end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
 from ._read.restore import RestoreResult, restore_from
 from ._read.seek import lsn_at_time, utc_micros
 from ._write.handover import HANDOVER_TIMEOUT, ask_for_handover
@@ -87,10 +88,25 @@ class OpenOptions(StoreOptions, total=False):
 
 
 # Where restore() left each destination in this process: key -> (newest log seq, next LSN).
+class RestoredEnd(NamedTuple):
+    """Where this process's last restore of a destination ended: its newest log ``seq``
+    and ``next_lsn``. Where it read that log to its end unsealed, on a local disk,
+    ``segments`` (its segment names), ``extent`` (how far it read the last one, a torn
+    tail included) and ``chain_head`` (where its hash chain ends) let open() take that
+    end as it is if nothing was written since, instead of scanning the last segment again
+    (:func:`unchanged_end`); ``segments`` is None otherwise."""
+
+    seq: int
+    next_lsn: int
+    segments: tuple[str, ...] | None = None
+    extent: int = 0
+    chain_head: bytes = GENESIS
+
+
 # open() accepts a destination holding records only if it is still exactly there, i.e. this
-# process replayed everything it holds and nothing was written since. Two integers per
+# process replayed everything it holds and nothing was written since. One RestoredEnd per
 # destination ever restored, private to the process; nothing else is kept.
-_restored_at: dict[str, tuple[int, int]] = {}
+_restored_at: dict[str, RestoredEnd] = {}
 
 
 def destination_key(dest: Destination) -> str:
@@ -103,7 +119,47 @@ def destination_key(dest: Destination) -> str:
 def restored_here(dest: Destination, position: tuple[int, int]) -> bool:
     """Whether this process's last restore of ``dest`` ended at ``position`` (newest log
     seq, next LSN): then open() may start a new log over what is there."""
-    return _restored_at.get(destination_key(dest)) == position
+    known = _restored_at.get(destination_key(dest))
+    return known is not None and (known.seq, known.next_lsn) == position
+
+
+def restored_end(dest: Destination, result: RestoreResult, states: list[LogState]) -> RestoredEnd:
+    """What :data:`_restored_at` keeps of a restore of ``dest`` to its end (``states``:
+    what the scan learned of each log it read)."""
+    seq, next_lsn = result.logs[-1], result.next_lsn
+    st = states[-1] if states else None
+    if (
+        st is None or st.seq != seq or st.next_lsn != next_lsn or not dest.appendable or result.after_gap
+        or result.skipped or st.skipped or st.sealed or st.fence is not None or not st.segments
+    ):
+        return RestoredEnd(seq, next_lsn)
+    number, name = st.segments[-1]
+    if st.position[0] != number:
+        return RestoredEnd(seq, next_lsn)
+    extent = st.position[1]
+    if st.torn is not None:
+        if st.torn.segment != name:
+            return RestoredEnd(seq, next_lsn)
+        extent = max(extent, st.torn.offset + st.torn.length)
+    head = st.chain_head if st.chained else GENESIS
+    if head is None:
+        return RestoredEnd(seq, next_lsn)
+    return RestoredEnd(seq, next_lsn, tuple(n for _, n in st.segments), extent, head)
+
+
+def unchanged_end(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int, bytes] | None:
+    """``(newest seq, next LSN, chain head)`` of ``dest`` (listed as ``logs``, its newest log
+    unsealed) as this process's last restore found them, if nothing was written there
+    since: the newest log is the one it read, with the same segments, the last one no
+    longer than it read (a local segment only grows, and any other writer starts a log of
+    its own). None: scan for them."""
+    known = _restored_at.get(destination_key(dest))
+    if known is None or known.segments is None or not logs or max(logs) != known.seq:
+        return None
+    segments = logs[known.seq]
+    if tuple(name for _, name in segments) != known.segments or dest.size(segments[-1][1]) != known.extent:
+        return None
+    return known.seq, known.next_lsn, known.chain_head
 
 
 def restore(
@@ -163,7 +219,7 @@ def restore(
         if to_lsn is not None and to_lsn < F.FIRST_LSN:
             # Before the first record ever written (nothing was deleted): the empty state.
             return RestoreResult(destination=dest.url, found=True, complete=True, next_lsn=F.FIRST_LSN)
-        result, _states = restore_from(
+        result, states = restore_from(
             dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec,
             to_lsn=to_lsn, keys=keyring(key_provider),
         )
@@ -176,7 +232,7 @@ def restore(
     finally:
         dest.close()
     if result.logs and to_lsn is None:
-        _restored_at[destination_key(dest)] = (result.logs[-1], result.next_lsn)
+        _restored_at[destination_key(dest)] = restored_end(dest, result, states)
     return result
 
 
@@ -396,7 +452,11 @@ def open_log(
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             seal = newest_seal(dest, logs)
-            if hash_chain:
+            # A log a restore just read to its unsealed end is not scanned again.
+            end = unchanged_end(dest, logs) if seal is None else None
+            if end is not None:
+                last_seq, next_lsn, chain_head = end if hash_chain else (*end[:2], None)
+            elif hash_chain:
                 last_seq, next_lsn, chain_head = end_and_chain(dest, logs, seal)
             else:
                 (last_seq, next_lsn), chain_head = end_after_seal(dest, logs, seal), None
