@@ -222,7 +222,13 @@ class Log:
                 self._install_signal(rotate_on_signal)
             if after_snapshot:
                 self._rotator.start_after_snapshot()
+            elif dest.appendable:
+                # On a local disk the first log is made on this thread, which waits for it
+                # anyway (retention there is an unlink or two).
+                self._rotator.rotate_here()
             else:
+                # An object store's retention takes a request per segment: the open returns
+                # once the log is complete, and the rotation job deletes meanwhile.
                 self._rotator.wait(self._rotator.request(coalesce=False), retention=False)
         except BaseException:
             self._abandon()

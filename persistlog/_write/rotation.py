@@ -198,7 +198,7 @@ class Rotator:
         "rotate_bytes", "rotate_records", "rotate_interval", "retention", "on_error",
         "known_complete", "rotations", "failures", "_last", "last_error", "rotating", "retaining",
         "_snapshot_bytes", "_pointer_moved", "_started_at", "_mutex", "_queue", "_requests", "_stop",
-        "_job", "_runner", "__weakref__",
+        "_job", "_runner", "_here", "__weakref__",
     )
 
     def __init__(
@@ -260,6 +260,8 @@ class Rotator:
         # The worker running this Log's rotation, while one runs (enumerate_all, on_error,
         # telling the secondaries, and retention included): what "inside enumerate_all" means.
         self._runner: threading.Thread | None = None
+        # Held while rotate_here() runs a rotation on an app's thread (close() waits on it).
+        self._here: threading.Lock | None = None
 
     # -- requests -----------------------------------------------------------------------
 
@@ -315,12 +317,45 @@ class Rotator:
                 self._due = False
                 self.gated = True
             self._queue.append(fut)
-            job = self._job
-            if job is None:
-                job = self._job = self._runtime.job(
-                    weak_method(self._serve), "persistlog-rotation", self._writer.dest.url, long=True)
-            job.run_soon()
+            self._run_job()
             return fut
+
+    def _run_job(self) -> None:
+        """Have the rotation job serve the queue, made if there is none (holds ``_mutex``)."""
+        job = self._job
+        if job is None:
+            job = self._job = self._runtime.job(
+                weak_method(self._serve), "persistlog-rotation", self._writer.dest.url, long=True)
+        job.run_soon()
+
+    def rotate_here(self) -> int:
+        """Rotate on the calling thread, retention included, and return the new log's seq
+        (raising what the rotation raised): the open's first log on a local disk, which
+        the opener waits for anyway, without handing it to a worker and back. A request
+        queued meanwhile (a trigger fired by a secondary) is left to the rotation job."""
+        fut: Future[int] = Future()
+        here = threading.Lock()
+        here.acquire()
+        with self._mutex:
+            head = not self._stop and not self._queue
+            if head:
+                if self._requests is None:
+                    self._requests = {}
+                self._requests[fut] = _Request(None)
+                self._queue.append(fut)
+                self._here = here
+        if not head:
+            # Not first in the queue: wait for the rotation job like any other request.
+            return self.wait(self.request(coalesce=False))
+        try:
+            self._serve_head()
+        finally:
+            with self._mutex:
+                self._here = None
+                if self._queue and not self._stop:
+                    self._run_job()
+            here.release()
+        return fut.result(0)
 
     # -- the quiet point ----------------------------------------------------------------
 
@@ -534,11 +569,7 @@ class Rotator:
         """The rotation job: run the rotation at the head of the queue; run again at once
         while more are queued (each rotation is a run of its own, so that the worker goes
         back to the pool between two)."""
-        self._runner = threading.current_thread()
-        try:
-            served = self._serve_head()
-        finally:
-            self._runner = None
+        served = self._serve_head()
         with self._mutex:
             if served and self._queue and not self._stop:
                 return 0.0
@@ -550,12 +581,14 @@ class Rotator:
             return None
 
     def _serve_head(self) -> bool:
-        """Run the rotation at the head of the queue; False if there is none."""
+        """Run the rotation at the head of the queue on this thread; False if there is
+        none, or if another thread runs it (:meth:`rotate_here`, which runs the job after)."""
         with self._mutex:
-            if not self._queue:
+            if not self._queue or self.rotating:
                 return False
             fut = self._queue[0]
             self.rotating = True
+            self._runner = threading.current_thread()
             requests = self._requests
             request = requests.get(fut) if requests is not None else None
             hold = request.hold if request is not None else None
@@ -584,6 +617,7 @@ class Rotator:
                 if not self._queue:
                     self._queue = []  # an idle Log keeps no room for requests
                 self.rotating = False
+                self._runner = None
             self._finished(fut)
         if done:
             # Batches written while this rotation ran skipped the size and count checks;
@@ -662,6 +696,15 @@ class Rotator:
         for fut in dropped:
             self._let_go_of(fut)
         self._switched()
+        here = self._here
+        if here is not None and not self.in_rotation():
+            # A rotation rotate_here() runs on another thread (the open's, while a
+            # handover asks for the log).
+            if here.acquire(timeout=-1 if timeout is None else timeout):
+                here.release()
+            else:
+                logger.warning("closing %s without waiting any longer for the rotation in progress",
+                               self._writer.dest.url)
         job = self._job
         if job is None:
             return
