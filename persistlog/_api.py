@@ -116,10 +116,10 @@ def destination_key(dest: Destination) -> str:
     return dest.url.rstrip("/")
 
 
-def restored_here(dest: Destination, position: tuple[int, int]) -> bool:
-    """Whether this process's last restore of ``dest`` ended at ``position`` (newest log
-    seq, next LSN): then open() may start a new log over what is there."""
-    known = _restored_at.get(destination_key(dest))
+def restored_here(known: RestoredEnd | None, position: tuple[int, int]) -> bool:
+    """Whether this process's last restore of a destination (``known``, from
+    :data:`_restored_at`) ended at ``position`` (newest log seq, next LSN): then open() may
+    start a new log over what is there."""
     return known is not None and (known.seq, known.next_lsn) == position
 
 
@@ -147,13 +147,14 @@ def restored_end(dest: Destination, result: RestoreResult, states: list[LogState
     return RestoredEnd(seq, next_lsn, tuple(n for _, n in st.segments), extent, head)
 
 
-def unchanged_end(dest: Destination, logs: dict[int, list[tuple[int, str]]]) -> tuple[int, int, bytes] | None:
+def unchanged_end(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], known: RestoredEnd | None
+) -> tuple[int, int, bytes] | None:
     """``(newest seq, next LSN, chain head)`` of ``dest`` (listed as ``logs``, its newest log
-    unsealed) as this process's last restore found them, if nothing was written there
-    since: the newest log is the one it read, with the same segments, the last one no
-    longer than it read (a local segment only grows, and any other writer starts a log of
-    its own). None: scan for them."""
-    known = _restored_at.get(destination_key(dest))
+    unsealed) as this process's last restore of it found them (``known``), if nothing was
+    written there since: the newest log is the one it read, with the same segments, the
+    last one no longer than it read (a local segment only grows, and any other writer
+    starts a log of its own). None: scan for them."""
     if known is None or known.segments is None or not logs or max(logs) != known.seq:
         return None
     segments = logs[known.seq]
@@ -453,7 +454,8 @@ def open_log(
             pointer = read_pointer(dest)
             seal = newest_seal(dest, logs)
             # A log a restore just read to its unsealed end is not scanned again.
-            end = unchanged_end(dest, logs) if seal is None else None
+            known = _restored_at.get(destination_key(dest))
+            end = unchanged_end(dest, logs, known) if seal is None else None
             if end is not None:
                 last_seq, next_lsn, chain_head = end if hash_chain else (*end[:2], None)
             elif hash_chain:
@@ -467,7 +469,7 @@ def open_log(
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
         holds_records = next_lsn > F.FIRST_LSN
-        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
+        if holds_records and not discard_existing and not restored_here(known, (last_seq, next_lsn)):
             raise ExistingLogError(
                 f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
                 "process did not restore; opening would start a new log without them and "
