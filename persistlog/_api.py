@@ -373,7 +373,7 @@ def open_log(
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
-    retention = Retention(retain, keep_for_consumers, retain_seconds, retain_max_logs)
+    retention = _shared(Retention(retain, keep_for_consumers, retain_seconds, retain_max_logs))
     for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
@@ -391,7 +391,7 @@ def open_log(
         raise TypeError(f"concurrent_enumeration must be True or False, not {concurrent_enumeration!r}")
     if (key_provider is None) != (key_id is None):
         raise TypeError("open() encrypts with key_provider= and key_id= together, or neither")
-    settings = LogSettings(
+    settings = _settings(
         durability=durability,
         batch_bytes=batch_bytes,
         segment_bytes=segment_bytes,
@@ -515,6 +515,39 @@ def open_log(
     )
     logger.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+# Logs opened with the same options share one (immutable) Retention and LogSettings: a
+# process may hold thousands of Logs opened alike (a LogSet). A few kinds are kept.
+_SHARED_KINDS = 64
+_retentions: dict[Retention, Retention] = {}
+_settings_by_options: dict[tuple[Any, ...], LogSettings] = {}
+
+
+def _shared(retention: Retention) -> Retention:
+    """An equal Retention made before, if any (else this one, kept while few are)."""
+    shared = _retentions.get(retention)
+    if shared is not None:
+        return shared
+    if len(_retentions) < _SHARED_KINDS:
+        _retentions[retention] = retention
+    return retention
+
+
+def _settings(*, keys: Keyring | None, **options: Any) -> LogSettings:
+    """The checked LogSettings of ``options``: one made before with the same options
+    (without encryption keys, whose provider is the app's object), if any."""
+    settings = LogSettings(keys=keys, **options)  # checked (and refused) as given
+    if keys is not None:
+        return settings
+    # By type too: a refused True must not find the settings of an accepted 1.
+    key = tuple((name, type(value), value) for name, value in sorted(options.items()))
+    shared = _settings_by_options.get(key)
+    if shared is not None:
+        return shared
+    if len(_settings_by_options) < _SHARED_KINDS:
+        _settings_by_options[key] = settings
+    return settings
 
 
 def _fresh_snapshot(

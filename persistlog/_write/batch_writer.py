@@ -73,7 +73,8 @@ class BatchWriter:
     __slots__ = (
         "io_lock", "_dest", "_buffer", "_compression", "_keys", "_segment_bytes", "_writer_id", "_metadata",
         "_sync_each", "_sw", "_seq", "_written_lsn", "_durable_lsn", "_failed", "_closed", "_handed_to",
-        "_n_updates", "_n_snapshot_records", "_n_batches", "_n_bytes", "_n_syncs", "_log_update_records", "_complete_lsn", "_switching", "_secondaries", "_group",
+        "_n_updates", "_n_snapshot_records", "_n_batches", "_n_bytes", "_n_syncs", "_log_update_records",
+        "_complete_lsn", "_switching", "_secondaries", "_group",
         "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain_start", "_control",
         "_checkpoints", "_shared",
         "__weakref__",
