@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
@@ -88,6 +88,9 @@ class OpenOptions(StoreOptions, total=False):
 
 
 # Where restore() left each destination in this process: key -> (newest log seq, next LSN).
+T = TypeVar("T")
+
+
 class RestoredEnd(NamedTuple):
     """Where this process's last restore of a destination ended: its newest log ``seq``
     and ``next_lsn``. Where it read that log to its end unsealed, on a local disk,
@@ -520,18 +523,23 @@ def open_log(
 # Logs opened with the same options share one (immutable) Retention and LogSettings: a
 # process may hold thousands of Logs opened alike (a LogSet). A few kinds are kept.
 _SHARED_KINDS = 64
-_retentions: dict[Retention, Retention] = {}
-_settings_by_options: dict[tuple[Any, ...], LogSettings] = {}
+_retentions: dict[Any, Any] = {}
+_settings_by_options: dict[Any, Any] = {}
+
+
+def _one_of(kinds: dict[Any, Any], key: Any, value: T) -> T:
+    """The value ``kinds`` holds under ``key``, else ``value`` (kept there while few are)."""
+    shared: T | None = kinds.get(key)
+    if shared is not None:
+        return shared
+    if len(kinds) < _SHARED_KINDS:
+        kinds[key] = value
+    return value
 
 
 def _shared(retention: Retention) -> Retention:
-    """An equal Retention made before, if any (else this one, kept while few are)."""
-    shared = _retentions.get(retention)
-    if shared is not None:
-        return shared
-    if len(_retentions) < _SHARED_KINDS:
-        _retentions[retention] = retention
-    return retention
+    """An equal Retention made before, if any (else this one)."""
+    return _one_of(_retentions, retention, retention)
 
 
 def _settings(*, keys: Keyring | None, **options: Any) -> LogSettings:
@@ -542,12 +550,7 @@ def _settings(*, keys: Keyring | None, **options: Any) -> LogSettings:
         return settings
     # By type too: a refused True must not find the settings of an accepted 1.
     key = tuple((name, type(value), value) for name, value in sorted(options.items()))
-    shared = _settings_by_options.get(key)
-    if shared is not None:
-        return shared
-    if len(_settings_by_options) < _SHARED_KINDS:
-        _settings_by_options[key] = settings
-    return settings
+    return _one_of(_settings_by_options, key, settings)
 
 
 def _fresh_snapshot(
