@@ -10,7 +10,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 from destinations import Destination, LockHeld, WriterLock
 from destinations.local import LocalDestination
@@ -18,10 +18,11 @@ from destinations.local import LocalDestination
 from ._errors import DestinationError, ExistingLogError, PersistLogError, WriterConflict
 from ._format import encoder
 from ._format import constants as F
+from ._format.chain import GENESIS
 from ._format.codec import Codec, check_depth
 from ._format.crypt import Keyring, keyring
 from ._format.signing import SIGN_INTERVAL, Checkpoints, Signer
-from ._read.reader import end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
+from ._read.reader import LogState, end_after_seal, end_and_chain, list_logs, log_header, newest_seal, read_pointer
 from ._read.restore import RestoreResult, restore_from
 from ._read.seek import lsn_at_time, utc_micros
 from ._write.handover import HANDOVER_TIMEOUT, ask_for_handover
@@ -87,10 +88,28 @@ class OpenOptions(StoreOptions, total=False):
 
 
 # Where restore() left each destination in this process: key -> (newest log seq, next LSN).
+T = TypeVar("T")
+
+
+class RestoredEnd(NamedTuple):
+    """Where this process's last restore of a destination ended: its newest log ``seq``
+    and ``next_lsn``. Where it read that log to its end unsealed, on a local disk,
+    ``segments`` (its segment names), ``extent`` (how far it read the last one, a torn
+    tail included) and ``chain_head`` (where its hash chain ends) let open() take that
+    end as it is if nothing was written since, instead of scanning the last segment again
+    (:func:`unchanged_end`); ``segments`` is None otherwise."""
+
+    seq: int
+    next_lsn: int
+    segments: tuple[str, ...] | None = None
+    extent: int = 0
+    chain_head: bytes = GENESIS
+
+
 # open() accepts a destination holding records only if it is still exactly there, i.e. this
-# process replayed everything it holds and nothing was written since. Two integers per
+# process replayed everything it holds and nothing was written since. One RestoredEnd per
 # destination ever restored, private to the process; nothing else is kept.
-_restored_at: dict[str, tuple[int, int]] = {}
+_restored_at: dict[str, RestoredEnd] = {}
 
 
 def destination_key(dest: Destination) -> str:
@@ -100,10 +119,51 @@ def destination_key(dest: Destination) -> str:
     return dest.url.rstrip("/")
 
 
-def restored_here(dest: Destination, position: tuple[int, int]) -> bool:
-    """Whether this process's last restore of ``dest`` ended at ``position`` (newest log
-    seq, next LSN): then open() may start a new log over what is there."""
-    return _restored_at.get(destination_key(dest)) == position
+def restored_here(known: RestoredEnd | None, position: tuple[int, int]) -> bool:
+    """Whether this process's last restore of a destination (``known``, from
+    :data:`_restored_at`) ended at ``position`` (newest log seq, next LSN): then open() may
+    start a new log over what is there."""
+    return known is not None and (known.seq, known.next_lsn) == position
+
+
+def restored_end(dest: Destination, result: RestoreResult, states: list[LogState]) -> RestoredEnd:
+    """What :data:`_restored_at` keeps of a restore of ``dest`` to its end (``states``:
+    what the scan learned of each log it read)."""
+    seq, next_lsn = result.logs[-1], result.next_lsn
+    st = states[-1] if states else None
+    if (
+        st is None or st.seq != seq or st.next_lsn != next_lsn or not dest.appendable or result.after_gap
+        or result.skipped or st.skipped or st.sealed or st.fence is not None or not st.segments
+    ):
+        return RestoredEnd(seq, next_lsn)
+    number, name = st.segments[-1]
+    if st.position[0] != number:
+        return RestoredEnd(seq, next_lsn)
+    extent = st.position[1]
+    if st.torn is not None:
+        if st.torn.segment != name:
+            return RestoredEnd(seq, next_lsn)
+        extent = max(extent, st.torn.offset + st.torn.length)
+    head = st.chain_head if st.chained else GENESIS
+    if head is None:
+        return RestoredEnd(seq, next_lsn)
+    return RestoredEnd(seq, next_lsn, tuple(n for _, n in st.segments), extent, head)
+
+
+def unchanged_end(
+    dest: Destination, logs: dict[int, list[tuple[int, str]]], known: RestoredEnd | None
+) -> tuple[int, int, bytes] | None:
+    """``(newest seq, next LSN, chain head)`` of ``dest`` (listed as ``logs``, its newest log
+    unsealed) as this process's last restore of it found them (``known``), if nothing was
+    written there since: the newest log is the one it read, with the same segments, the
+    last one no longer than it read (a local segment only grows, and any other writer
+    starts a log of its own). None: scan for them."""
+    if known is None or known.segments is None or not logs or max(logs) != known.seq:
+        return None
+    segments = logs[known.seq]
+    if tuple(name for _, name in segments) != known.segments or dest.size(segments[-1][1]) != known.extent:
+        return None
+    return known.seq, known.next_lsn, known.chain_head
 
 
 def restore(
@@ -163,7 +223,7 @@ def restore(
         if to_lsn is not None and to_lsn < F.FIRST_LSN:
             # Before the first record ever written (nothing was deleted): the empty state.
             return RestoreResult(destination=dest.url, found=True, complete=True, next_lsn=F.FIRST_LSN)
-        result, _states = restore_from(
+        result, states = restore_from(
             dest, replay, replay_batch=replay_batch, recovery=recovery, missing_ok=missing_ok, codec=codec,
             to_lsn=to_lsn, keys=keyring(key_provider),
         )
@@ -176,7 +236,7 @@ def restore(
     finally:
         dest.close()
     if result.logs and to_lsn is None:
-        _restored_at[destination_key(dest)] = (result.logs[-1], result.next_lsn)
+        _restored_at[destination_key(dest)] = restored_end(dest, result, states)
     return result
 
 
@@ -316,7 +376,7 @@ def open_log(
     """
     if not callable(enumerate_all):
         raise TypeError("enumerate_all must be a callable taking emit")
-    retention = Retention(retain, keep_for_consumers, retain_seconds, retain_max_logs)
+    retention = _shared(Retention(retain, keep_for_consumers, retain_seconds, retain_max_logs))
     for name, value in (("rotate_bytes", rotate_bytes), ("rotate_records", rotate_records)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
@@ -334,7 +394,7 @@ def open_log(
         raise TypeError(f"concurrent_enumeration must be True or False, not {concurrent_enumeration!r}")
     if (key_provider is None) != (key_id is None):
         raise TypeError("open() encrypts with key_provider= and key_id= together, or neither")
-    settings = LogSettings(
+    settings = _settings(
         durability=durability,
         batch_bytes=batch_bytes,
         segment_bytes=segment_bytes,
@@ -396,7 +456,12 @@ def open_log(
             logs = list_logs(dest)
             pointer = read_pointer(dest)
             seal = newest_seal(dest, logs)
-            if hash_chain:
+            # A log a restore just read to its unsealed end is not scanned again.
+            known = _restored_at.get(destination_key(dest))
+            end = unchanged_end(dest, logs, known) if seal is None else None
+            if end is not None:
+                last_seq, next_lsn, chain_head = end if hash_chain else (*end[:2], None)
+            elif hash_chain:
                 last_seq, next_lsn, chain_head = end_and_chain(dest, logs, seal)
             else:
                 (last_seq, next_lsn), chain_head = end_after_seal(dest, logs, seal), None
@@ -407,7 +472,7 @@ def open_log(
         except OSError as e:
             raise DestinationError(f"cannot read {dest.url}: {e}") from e
         holds_records = next_lsn > F.FIRST_LSN
-        if holds_records and not discard_existing and not restored_here(dest, (last_seq, next_lsn)):
+        if holds_records and not discard_existing and not restored_here(known, (last_seq, next_lsn)):
             raise ExistingLogError(
                 f"{dest.url} holds logs up to log {last_seq} (next LSN {next_lsn}) that this "
                 "process did not restore; opening would start a new log without them and "
@@ -453,6 +518,39 @@ def open_log(
     )
     logger.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
+
+
+# Logs opened with the same options share one (immutable) Retention and LogSettings: a
+# process may hold thousands of Logs opened alike (a LogSet). A few kinds are kept.
+_SHARED_KINDS = 64
+_retentions: dict[Any, Any] = {}
+_settings_by_options: dict[Any, Any] = {}
+
+
+def _one_of(kinds: dict[Any, Any], key: Any, value: T) -> T:
+    """The value ``kinds`` holds under ``key``, else ``value`` (kept there while few are)."""
+    shared: T | None = kinds.get(key)
+    if shared is not None:
+        return shared
+    if len(kinds) < _SHARED_KINDS:
+        kinds[key] = value
+    return value
+
+
+def _shared(retention: Retention) -> Retention:
+    """An equal Retention made before, if any (else this one)."""
+    return _one_of(_retentions, retention, retention)
+
+
+def _settings(*, keys: Keyring | None, **options: Any) -> LogSettings:
+    """The checked LogSettings of ``options``: one made before with the same options
+    (without encryption keys, whose provider is the app's object), if any."""
+    settings = LogSettings(keys=keys, **options)  # checked (and refused) as given
+    if keys is not None:
+        return settings
+    # By type too: a refused True must not find the settings of an accepted 1.
+    key = tuple((name, type(value), value) for name, value in sorted(options.items()))
+    return _one_of(_settings_by_options, key, settings)
 
 
 def _fresh_snapshot(

@@ -118,12 +118,18 @@ class Job:
     runtime's ``_mutex``.
     """
 
-    __slots__ = ("_runtime", "_fn", "name", "long", "_due", "_queued", "_runner", "_asked", "_cancelled", "_done")
+    __slots__ = ("_runtime", "_fn", "_kind", "_about", "long", "_due", "_queued", "_runner", "_asked", "_cancelled",
+                 "_done")
 
-    def __init__(self, runtime: Runtime, fn: Callable[[], float | None], name: str, long: bool) -> None:
+    def __init__(
+        self, runtime: Runtime, fn: Callable[[], float | None], kind: str, about: str | None, long: bool
+    ) -> None:
         self._runtime = runtime
         self._fn = fn
-        self.name = name
+        # The name, in two parts (a string shared by every job of a kind, and the URL the
+        # job works on, held already by its Log): made when logged, not kept per job.
+        self._kind = kind
+        self._about = about
         #: Runs app code for an unbounded time: at most ``workers - 1`` such jobs run at once.
         self.long = long
         self._due: float | None = None  # on the heap for this time
@@ -132,6 +138,11 @@ class Job:
         self._asked: float | None = None  # a run asked for while it ran
         self._cancelled = False
         self._done: threading.Lock | None = None  # held while a run is under way
+
+    @property
+    def name(self) -> str:
+        """``kind``, and what the job works on (a URL) if given: ``persistlog-flush <url>``."""
+        return self._kind if self._about is None else f"{self._kind} {self._about}"
 
     def run_at(self, when: float) -> None:
         """Run at ``when`` (``time.monotonic()``) at the latest."""
@@ -194,9 +205,10 @@ class Runtime:
         for t in self._threads:
             t.start()
 
-    def job(self, fn: Callable[[], float | None], name: str, long: bool = False) -> Job:
-        """A new job running ``fn`` (not scheduled yet)."""
-        return Job(self, fn, name, long)
+    def job(self, fn: Callable[[], float | None], kind: str, about: str | None = None, long: bool = False) -> Job:
+        """A new job running ``fn`` (not scheduled yet), named ``kind`` and ``about`` (the
+        URL it works on, if any)."""
+        return Job(self, fn, kind, about, long)
 
     @property
     def threads(self) -> list[threading.Thread]:

@@ -329,7 +329,8 @@ async def open_async(url: str, enumerate_all: EnumerateAll, **options: Unpack[Op
     Takes the same options as :func:`persistlog.open` (``durability``, triggers,
     ``secondaries``...) and behaves the same: the first log is enumerated and complete
     before this returns. The opening runs on the loop's default executor and the
-    enumeration on a persistlog worker thread, so the loop keeps serving meanwhile; callbacks
+    enumeration on that thread (on a local disk) or a persistlog worker thread, so the loop
+    keeps serving meanwhile; callbacks
     such as ``on_error`` (and ``replay``/``replay_batch`` where ``open`` takes them to
     restore first) run on those threads, never on the loop. ``rotate_on_signal``
     installs a handler on the loop (``loop.add_signal_handler``) instead of

@@ -69,6 +69,12 @@ KEEP_REPLAYED_BYTES = 4 * 1024 * 1024
 #: The codec of every queue opened without one: a queue's own records are plain values
 #: (ints, bytes, floats), and a Codec per log would cost some 2 KB per idle queue.
 _PLAIN = Codec()
+_PLAIN_LOADS = _PLAIN.loads
+
+
+def _loads_of(codec: Codec) -> Callable[[bytes], Any]:
+    """``codec.loads``: for the queues' shared codec one bound method they all share."""
+    return _PLAIN_LOADS if codec is _PLAIN else codec.loads
 
 #: Options of :func:`persistlog.open` a Queue sets itself.
 _OWN_OPTIONS = {
@@ -351,7 +357,7 @@ class Queue:
         codec = options.get("codec") or (defaults or {}).get("codec")
         if codec is None:
             options["codec"] = codec = _PLAIN
-        self._loads = codec.loads
+        self._loads = _loads_of(codec)
         provider = options.get("key_provider") or (defaults or {}).get("key_provider")
         self._keys = keyring(provider)
         return options
@@ -380,7 +386,7 @@ class Queue:
             self._dest.close()
             raise
         self._log = lg
-        self._loads = lg.codec.loads
+        self._loads = _loads_of(lg.codec)
         # Bodies are read through the log's destination from here on: one per queue.
         self._dest.close()
         self._dest = lg.dest

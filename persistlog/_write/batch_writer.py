@@ -73,7 +73,8 @@ class BatchWriter:
     __slots__ = (
         "io_lock", "_dest", "_buffer", "_compression", "_keys", "_segment_bytes", "_writer_id", "_metadata",
         "_sync_each", "_sw", "_seq", "_written_lsn", "_durable_lsn", "_failed", "_closed", "_handed_to",
-        "_counts", "_log_update_records", "_complete_lsn", "_switching", "_secondaries", "_group",
+        "_n_updates", "_n_snapshot_records", "_n_batches", "_n_bytes", "_n_syncs", "_log_update_records",
+        "_complete_lsn", "_switching", "_secondaries", "_group",
         "_group_stopped", "_on_batch", "_job", "_flush_interval", "flush_armed", "_flush_at", "_chain_start", "_control",
         "_checkpoints", "_shared",
         "__weakref__",
@@ -122,8 +123,8 @@ class BatchWriter:
         self._failed: BaseException | None = None
         self._closed = False
         self._handed_to: str | None = None  # the writer the log was handed over to
-        # Figures for stats() and rotation triggers.
-        self._counts = {"updates": 0, "snapshot_records": 0, "batches": 0, "bytes": 0, "syncs": 0}
+        # Figures for stats() and rotation triggers (fields, not a dict: one per open Log).
+        self._n_updates = self._n_snapshot_records = self._n_batches = self._n_bytes = self._n_syncs = 0
         self._log_update_records = 0
         # Where the current log's ``complete`` record stands, once written: its seal says so.
         self._complete_lsn: int | None = None
@@ -208,7 +209,8 @@ class BatchWriter:
 
     def counts(self) -> dict[str, int]:
         """Records, batches, bytes and syncs written so far."""
-        return dict(self._counts)
+        return {"updates": self._n_updates, "snapshot_records": self._n_snapshot_records,
+                "batches": self._n_batches, "bytes": self._n_bytes, "syncs": self._n_syncs}
 
     def check(self) -> None:
         """Raise the Log's failed or closed state (:class:`LogFailedError`,
@@ -428,9 +430,8 @@ class BatchWriter:
         if self._shared is not None:
             self._shared.handed_over(end)
         self._count_batch(data)
-        c = self._counts
-        c["updates"] += n_updates
-        c["snapshot_records"] += n_snaps
+        self._n_updates += n_updates
+        self._n_snapshot_records += n_snaps
         self._log_update_records += n_updates
         self._checkpoint(end, flush)
         if self._on_batch is not None:
@@ -452,9 +453,8 @@ class BatchWriter:
     def _count_batch(self, data: bytes) -> None:
         """Count a batch once its hand-over is settled: one an interruption cut short is
         handed over again, and counted then, once."""
-        c = self._counts
-        c["batches"] += 1
-        c["bytes"] += len(data)
+        self._n_batches += 1
+        self._n_bytes += len(data)
 
     def _checkpoint(self, lsn: int, flush: bool) -> None:
         """A signed checkpoint after the batch handed over last, when one is due."""
@@ -492,7 +492,7 @@ class BatchWriter:
         assert sw is not None
         self.guarded(sw.sync)
         self._durable_lsn = self._written_lsn
-        self._counts["syncs"] += 1
+        self._n_syncs += 1
 
     def guarded(self, op: Callable[[], None]) -> None:
         """Run a storage operation; an ``OSError`` fails the Log for good. Anything else

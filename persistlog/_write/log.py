@@ -153,7 +153,7 @@ class Log:
         # Background work, run by the process's runtime (_runtime.py) when due: nothing
         # runs for a Log with nothing pending, no lease and no interval trigger.
         self._runtime = runtime()
-        self._background = self._runtime.job(weak_method(self._run_background), f"persistlog-flush {dest.url}")
+        self._background = self._runtime.job(weak_method(self._run_background), "persistlog-flush", dest.url)
         # On an object store a batch reaches storage only with the PUT of a segment object:
         # there flush mode waits for that PUT as fsync mode does, through the group commit
         # (concurrent callers share one PUT), so that it survives a process crash.
@@ -191,8 +191,9 @@ class Log:
         self._signal_watch: int | None = None
         self._signalled = False
         self._secondary_close_wait = lease_ttl + ATTACH_WAIT if secondary_close_wait is None else secondary_close_wait
-        # The secondaries the close left behind the primary, by URL (close() returns them).
-        self._behind: dict[str, SecondaryLag] = {}
+        # The secondaries the close left behind the primary, by URL (close() returns them);
+        # None until one is.
+        self._behind: dict[str, SecondaryLag] | None = None
         try:
             self._rotator = Rotator(
                 buffer,
@@ -204,7 +205,6 @@ class Log:
                 retention=retention,
                 on_error=on_error,
                 known_complete=complete_logs,
-                on_complete=writer.secondaries_complete,
                 concurrent=concurrent_enumeration,
                 runtime=self._runtime,
             )
@@ -222,7 +222,13 @@ class Log:
                 self._install_signal(rotate_on_signal)
             if after_snapshot:
                 self._rotator.start_after_snapshot()
+            elif dest.appendable:
+                # On a local disk the first log is made on this thread, which waits for it
+                # anyway (retention there is an unlink or two).
+                self._rotator.rotate_here()
             else:
+                # An object store's retention takes a request per segment: the open returns
+                # once the log is complete, and the rotation job deletes meanwhile.
                 self._rotator.wait(self._rotator.request(coalesce=False), retention=False)
         except BaseException:
             self._abandon()
@@ -442,7 +448,7 @@ class Log:
                 }
             ]
             + [
-                {**s.stats(), "behind_at_close": asdict(lag) if (lag := self._behind.get(s.dest.url)) else None}
+                {**s.stats(), "behind_at_close": asdict(lag) if (lag := (self._behind or {}).get(s.dest.url)) else None}
                 for s in writer.secondaries
             ],
         }
@@ -539,7 +545,7 @@ class Log:
     def _close(self, rotation_wait: float | None) -> list[SecondaryLag]:
         with self._close_lock:
             if self._close_done:
-                return list(self._behind.values())
+                return list((self._behind or {}).values())
             writer = self._writer
             waited: dict[str, str] = {}
             if self._registered and writer.failed is None and not writer.closed and writer.secondaries:
@@ -558,7 +564,7 @@ class Log:
                 raise
             self._report_behind(waited)
             self._closed_for_good()
-            return list(self._behind.values())
+            return list((self._behind or {}).values())
 
     def _catch_up_secondaries(self, wait: float, rotation_wait: float | None) -> dict[str, str]:
         """Before the seal: give each secondary that would not hold the primary's history
@@ -607,6 +613,8 @@ class Log:
             lag = secondary.lag(writer.written_lsn, waited.get(secondary.dest.url))
             if lag is None:
                 continue
+            if self._behind is None:
+                self._behind = {}
             self._behind[lag.url] = lag
             logger.warning(
                 "secondary %s is behind the primary after close: a restore of it reaches LSN %s of the "

@@ -29,7 +29,7 @@ from .._read.reader import LogScanner, list_logs
 logger = logging.getLogger("persistlog")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Retention:
     """What retention keeps (the retention options of :func:`persistlog.open`).
 

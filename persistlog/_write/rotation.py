@@ -168,6 +168,23 @@ class Hold:
         self._lock.release()
 
 
+class _Request:
+    """What a requested rotation holds until it is finished: ``done``, a lock released once
+    it is done (retention included), and ``complete``, one released once its log is
+    complete (``rotate()`` waits on the first, ``open()`` on the second, not on the
+    Future, whose methods take a Condition); ``hold``, the updates it holds, if any. Each
+    is taken out (set to None) once, when released."""
+
+    __slots__ = ("done", "complete", "hold")
+
+    def __init__(self, hold: Hold | None) -> None:
+        self.done: threading.Lock | None = threading.Lock()
+        self.complete: threading.Lock | None = threading.Lock()
+        self.done.acquire()
+        self.complete.acquire()
+        self.hold = hold
+
+
 class Rotator:
     """Owns the rotation job, the triggers and the record of past rotations.
 
@@ -177,11 +194,11 @@ class Rotator:
     """
 
     __slots__ = (
-        "_buffer", "_writer", "_runtime", "concurrent", "gated", "_due", "_hold", "_holds", "enumerate_all",
-        "rotate_bytes", "rotate_records", "rotate_interval", "retention", "on_error", "on_complete",
-        "known_complete", "rotations", "failures", "last_rotation", "last_error", "rotating", "retaining",
-        "_snapshot_bytes", "_pointer_moved", "_started_at", "_mutex", "_queue", "_done", "_complete", "_stop",
-        "_job", "_runner", "__weakref__",
+        "_buffer", "_writer", "_runtime", "concurrent", "gated", "_due", "_hold", "enumerate_all",
+        "rotate_bytes", "rotate_records", "rotate_interval", "retention", "on_error",
+        "known_complete", "rotations", "failures", "_last", "last_error", "rotating", "retaining",
+        "_snapshot_bytes", "_pointer_moved", "_started_at", "_mutex", "_queue", "_requests", "_stop",
+        "_job", "_runner", "_here", "__weakref__",
     )
 
     def __init__(
@@ -197,7 +214,6 @@ class Rotator:
         retention: Retention,
         on_error: Callable[[BaseException], None] | None,
         known_complete: list[int],
-        on_complete: Callable[[int, int], None] | None = None,
         concurrent: bool = False,
     ) -> None:
         self._buffer = buffer
@@ -211,18 +227,17 @@ class Rotator:
         self.gated = False
         self._due = False
         self._hold: Hold | None = None
-        self._holds: dict[Future[int], Hold] = {}
         self.enumerate_all = enumerate_all
         self.rotate_bytes = rotate_bytes
         self.rotate_records = rotate_records
         self.rotate_interval = rotate_interval
         self.retention = retention
         self.on_error = on_error
-        self.on_complete = on_complete
         self.known_complete = list(known_complete)
         self.rotations = 0
         self.failures = 0
-        self.last_rotation: dict[str, Any] | None = None
+        # (seq, snapshot records, seconds, finished) of the last rotation: last_rotation.
+        self._last: tuple[int, int, float, float] | None = None
         self.last_error: BaseException | None = None
         self.rotating = False  # a rotation owns the head of the queue (its retention too)
         self.retaining = False  # ... and is deleting old logs
@@ -233,21 +248,31 @@ class Rotator:
         # KeyboardInterrupt raised in it just after it took the lock would keep it forever.
         self._mutex = threading.RLock()
         self._queue: list[Future[int]] = []
-        # Per request, a lock released once it is done (retention included), and one
-        # released once its log is complete: rotate() waits on the first, open() on the
-        # second, not on the Future (whose methods take a Condition).
-        self._done: dict[Future[int], threading.Lock] = {}
-        self._complete: dict[Future[int], threading.Lock] = {}
+        # What each request holds until it is finished (_Request), by its Future; None
+        # while there is none, so that an idle Log keeps no table of them.
+        self._requests: dict[Future[int], _Request] | None = None
         self._stop = False
         # Rotations run on the runtime's workers, one of this Log's at a time (a long job:
-        # enumerate_all is app code that may take minutes), made at the first request. The
-        # job holds the Rotator only while it runs.
+        # enumerate_all is app code that may take minutes), made at a request when there
+        # is none, and dropped once no request is left. The job holds the Rotator only
+        # while it runs.
         self._job: Job | None = None
         # The worker running this Log's rotation, while one runs (enumerate_all, on_error,
-        # on_complete and retention included): what "inside enumerate_all" means.
+        # telling the secondaries, and retention included): what "inside enumerate_all" means.
         self._runner: threading.Thread | None = None
+        # Held while rotate_here() runs a rotation on an app's thread (close() waits on it).
+        self._here: threading.Lock | None = None
 
     # -- requests -----------------------------------------------------------------------
+
+    @property
+    def last_rotation(self) -> dict[str, Any] | None:
+        """The last rotation: its log's ``seq``, its ``snapshot_records``, the ``seconds`` it
+        took and when it ``finished`` (``time.time()``); None before the first."""
+        if self._last is None:
+            return None
+        seq, emitted, seconds, finished = self._last
+        return {"seq": seq, "snapshot_records": emitted, "seconds": seconds, "finished": finished}
 
     @property
     def due(self) -> bool:
@@ -284,23 +309,53 @@ class Rotator:
             if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
                 return self._queue[-1]
             fut = Future()
-            done, complete = threading.Lock(), threading.Lock()
-            done.acquire()
-            complete.acquire()
-            self._done[fut] = done
-            self._complete[fut] = complete
+            if self._requests is None:
+                self._requests = {}
+            self._requests[fut] = _Request(hold)
             if hold is not None:
-                self._holds[fut] = hold
                 self._hold = hold
                 self._due = False
                 self.gated = True
             self._queue.append(fut)
-            job = self._job
-            if job is None:
-                job = self._job = self._runtime.job(
-                    weak_method(self._serve), f"persistlog-rotation {self._writer.dest.url}", long=True)
-            job.run_soon()
+            self._run_job()
             return fut
+
+    def _run_job(self) -> None:
+        """Have the rotation job serve the queue, made if there is none (holds ``_mutex``)."""
+        job = self._job
+        if job is None:
+            job = self._job = self._runtime.job(
+                weak_method(self._serve), "persistlog-rotation", self._writer.dest.url, long=True)
+        job.run_soon()
+
+    def rotate_here(self) -> int:
+        """Rotate on the calling thread, retention included, and return the new log's seq
+        (raising what the rotation raised): the open's first log on a local disk, which
+        the opener waits for anyway, without handing it to a worker and back. A request
+        queued meanwhile (a trigger fired by a secondary) is left to the rotation job."""
+        fut: Future[int] = Future()
+        here = threading.Lock()
+        here.acquire()
+        with self._mutex:
+            head = not self._stop and not self._queue
+            if head:
+                if self._requests is None:
+                    self._requests = {}
+                self._requests[fut] = _Request(None)
+                self._queue.append(fut)
+                self._here = here
+        if not head:
+            # Not first in the queue: wait for the rotation job like any other request.
+            return self.wait(self.request(coalesce=False))
+        try:
+            self._serve_head()
+        finally:
+            with self._mutex:
+                self._here = None
+                if self._queue and not self._stop:
+                    self._run_job()
+            here.release()
+        return fut.result(0)
 
     # -- the quiet point ----------------------------------------------------------------
 
@@ -361,7 +416,7 @@ class Rotator:
     def _let_go_of(self, fut: Future[int]) -> None:
         """Release the updates ``fut``'s rotation holds, if any."""
         with self._mutex:
-            hold = self._holds.pop(fut, None)
+            hold = self._take(fut, "hold")
             if hold is None:
                 return
             if self._hold is hold:
@@ -374,7 +429,9 @@ class Rotator:
         nothing held. With ``retention=False`` it returns once the log is complete, while
         the job may still delete old logs (open(): an object store's old logs take a
         request per segment)."""
-        done = (self._done if retention else self._complete).get(fut)
+        requests = self._requests
+        request = requests.get(fut) if requests is not None else None
+        done = None if request is None else request.done if retention else request.complete
         if done is not None:
             if not done.acquire(timeout=-1 if timeout is None else timeout):
                 raise TimeoutError(f"the rotation did not finish within {timeout}s")
@@ -395,14 +452,31 @@ class Rotator:
         return seq
 
     def _finished(self, fut: Future[int]) -> None:
-        self._release(self._complete, fut)
-        self._release(self._done, fut)
+        self._release(fut, "complete")
+        self._release(fut, "done")
 
-    @staticmethod
-    def _release(locks: dict[Future[int], threading.Lock], fut: Future[int]) -> None:
-        lock = locks.pop(fut, None)
+    def _release(self, fut: Future[int], which: str) -> None:
+        """Release ``fut``'s lock ``which`` (``"complete"`` or ``"done"``), once."""
+        lock = self._take(fut, which)
         if lock is not None:
             lock.release()
+
+    def _take(self, fut: Future[int], which: str) -> Any:
+        """Take ``fut``'s ``which`` (``"done"``, ``"complete"`` or ``"hold"``) out of its
+        request (None if taken already); a request is forgotten once all three are."""
+        with self._mutex:
+            requests = self._requests
+            request = requests.get(fut) if requests is not None else None
+            if request is None:
+                return None
+            value = getattr(request, which)
+            setattr(request, which, None)
+            if request.done is None and request.complete is None and request.hold is None:
+                assert requests is not None
+                del requests[fut]
+                if not requests:
+                    self._requests = None
+            return value
 
     def check_triggers(self) -> None:
         """Called after each batch: cheap checks of the size and count triggers.
@@ -474,7 +548,7 @@ class Rotator:
 
     def in_rotation(self) -> bool:
         """Whether the calling thread is the worker running this Log's rotation (inside
-        ``enumerate_all``, ``on_error``, ``on_complete`` or retention)."""
+        ``enumerate_all``, ``on_error``, telling the secondaries or retention)."""
         return self._runner is threading.current_thread()
 
     def refuse_from_rotation_thread(self, call: str) -> None:
@@ -495,22 +569,29 @@ class Rotator:
         """The rotation job: run the rotation at the head of the queue; run again at once
         while more are queued (each rotation is a run of its own, so that the worker goes
         back to the pool between two)."""
-        self._runner = threading.current_thread()
-        try:
-            if not self._serve_head():
-                return None
-        finally:
-            self._runner = None
-        return 0.0 if self._queue and not self._stop else None
+        served = self._serve_head()
+        with self._mutex:
+            if served and self._queue and not self._stop:
+                return 0.0
+            if not self._queue:
+                # Nothing queued: the job goes, and the next request makes another, so
+                # that a Log that rotated once (at its open) keeps no job. A request can
+                # only come in under this lock, and this run touches nothing after it.
+                self._job = None
+            return None
 
     def _serve_head(self) -> bool:
-        """Run the rotation at the head of the queue; False if there is none."""
+        """Run the rotation at the head of the queue on this thread; False if there is
+        none, or if another thread runs it (:meth:`rotate_here`, which runs the job after)."""
         with self._mutex:
-            if not self._queue:
+            if not self._queue or self.rotating:
                 return False
             fut = self._queue[0]
             self.rotating = True
-            hold = self._holds.get(fut)
+            self._runner = threading.current_thread()
+            requests = self._requests
+            request = requests.get(fut) if requests is not None else None
+            hold = request.hold if request is not None else None
         if hold is not None:
             hold.begin()
         done = False
@@ -522,7 +603,7 @@ class Rotator:
                     fut.set_exception(e)
                 else:
                     fut.set_result(seq)
-                    self._release(self._complete, fut)
+                    self._release(fut, "complete")
                     self.retaining = True
                     try:
                         self._retain()
@@ -532,8 +613,11 @@ class Rotator:
         finally:
             self._let_go_of(fut)
             with self._mutex:
-                self._queue.pop(0)
+                del self._queue[0]
+                if not self._queue:
+                    self._queue = []  # an idle Log keeps no room for requests
                 self.rotating = False
+                self._runner = None
             self._finished(fut)
         if done:
             # Batches written while this rotation ran skipped the size and count checks;
@@ -576,16 +660,10 @@ class Rotator:
         self._pointer_moved = move_pointer(writer.dest, seq)
         self.known_complete.append(seq)
         self.rotations += 1
-        self.last_rotation = {
-            "seq": seq,
-            "snapshot_records": emitted,
-            "seconds": round(time.monotonic() - started, 6),
-            "finished": time.time(),
-        }
-        logger.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted,
-                 self.last_rotation["seconds"])
-        if self.on_complete is not None:
-            self.on_complete(seq, complete_lsn)
+        seconds = round(time.monotonic() - started, 6)
+        self._last = (seq, emitted, seconds, time.time())
+        logger.info("log %d complete at %s: %d snapshot records in %.3fs", seq, writer.dest.url, emitted, seconds)
+        writer.secondaries_complete(seq, complete_lsn)
         return seq
 
     def _retain(self) -> None:
@@ -618,6 +696,15 @@ class Rotator:
         for fut in dropped:
             self._let_go_of(fut)
         self._switched()
+        here = self._here
+        if here is not None and not self.in_rotation():
+            # A rotation rotate_here() runs on another thread (the open's, while a
+            # handover asks for the log).
+            if here.acquire(timeout=-1 if timeout is None else timeout):
+                here.release()
+            else:
+                logger.warning("closing %s without waiting any longer for the rotation in progress",
+                               self._writer.dest.url)
         job = self._job
         if job is None:
             return

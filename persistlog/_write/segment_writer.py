@@ -148,6 +148,10 @@ def fence_newest_log(dest: Destination, writer_id: str) -> str | None:
 class SegmentWriter:
     """The writing end of one log at one destination."""
 
+    # Slots, not a __dict__: an open Log holds one (a broker, thousands of Logs).
+    __slots__ = ("dest", "seq", "segment_bytes", "segment", "bytes_written", "sealed", "next_lsn", "_seal_written",
+                 "version", "head", "_last_control")
+
     def __init__(self, dest: Destination, seq: int, segment_bytes: int) -> None:
         self.dest = dest
         self.seq = seq
@@ -207,6 +211,8 @@ class SegmentWriter:
 
 
 class AppendSegments(SegmentWriter):
+    __slots__ = ("_file", "_size", "_appending")
+
     def __init__(self, dest: Destination, seq: int, segment_bytes: int) -> None:
         super().__init__(dest, seq, segment_bytes)
         self._file: AppendFile | None = None
@@ -327,6 +333,8 @@ class AppendSegments(SegmentWriter):
 
 
 class ObjectSegments(SegmentWriter):
+    __slots__ = ("_pending", "_pending_first_lsn", "_appending", "_putting", "_confirmed")
+
     def __init__(self, dest: Destination, seq: int, segment_bytes: int) -> None:
         super().__init__(dest, seq, segment_bytes)
         self._pending: list[bytes] = []

@@ -32,10 +32,14 @@ def release_writer_lock(handle: WriterLock, url: str) -> None:
         logger.warning("releasing the writer lock on %s failed: %s", url, e)
 
 
+# Guards a lease's let-go state and the making of its lock (held briefly, never waited in).
+_making_held = threading.Lock()
+
+
 class WriterLease:
     """The writer lock of one Log's primary destination; see the module docstring."""
 
-    __slots__ = ("_handle", "_url", "_on_lost", "_renew_every", "_renew_at", "_held")
+    __slots__ = ("_handle", "_url", "_on_lost", "_renew_every", "_renew_at", "_held", "_gone")
 
     def __init__(
         self, handle: WriterLock, url: str, renew_every: float | None, on_lost: Callable[[BaseException], None]
@@ -48,9 +52,10 @@ class WriterLease:
         self._renew_every = renew_every
         self._renew_at = time.monotonic() + renew_every if renew_every is not None else 0.0
         # Held until the lock is let go: a plain lock, which an interrupted waiter cannot
-        # leave in a state that keeps the others waiting (an Event's Condition can be).
-        self._held = threading.Lock()
-        self._held.acquire()
+        # leave in a state that keeps the others waiting (an Event's Condition can be),
+        # made for the first caller that waits (most Logs never have one).
+        self._held: threading.Lock | None = None
+        self._gone = False  # let go
 
     def next_renewal(self) -> float | None:
         """When the lease is next renewed (``time.monotonic()``), None for a lock."""
@@ -82,15 +87,25 @@ class WriterLease:
     def let_go(self) -> None:
         """Release the lock, and wake whoever waits in :meth:`wait_let_go`."""
         self.release()
-        try:
-            self._held.release()
-        except RuntimeError:
-            pass  # let go already
+        with _making_held:
+            if self._gone:
+                return  # let go already
+            self._gone = True
+            held = self._held
+        if held is not None:
+            held.release()
 
     def wait_let_go(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds until :meth:`let_go`."""
-        if self._held.acquire(timeout=timeout):
-            self._held.release()
+        with _making_held:
+            if self._gone:
+                return
+            held = self._held
+            if held is None:
+                held = self._held = threading.Lock()
+                held.acquire()
+        if held.acquire(timeout=timeout):
+            held.release()
 
 
 __all__ = ["WriterLease", "release_writer_lock"]

@@ -354,3 +354,51 @@ def test_an_old_writer_paused_past_its_lease_is_fenced_by_the_one_that_asked(
         if new is not None:
             new.close()
     _check_every_acknowledged_update_restores(_restored(cfg), (old, "old"), (new, "new"))
+
+
+def test_a_handover_asked_during_the_opening_enumeration_waits_for_it(tmp_path: Path) -> None:
+    # A local open makes its first log on the opening thread: a handover asked meanwhile
+    # closes the log only once that enumeration has written its snapshot whole.
+    url = str(tmp_path / "log")
+    lg = persistlog.open(url, lambda emit: None, durability="flush")
+    for i in range(5):
+        lg.update({"op": "put", "key": f"k{i}", "value": i})
+    lg.close()
+    state: dict[str, Any] = {}
+    persistlog.restore(url, lambda r: state.__setitem__(r["key"], r["value"]))
+    enumerating, go_on, handing = threading.Event(), threading.Event(), threading.Event()
+
+    def enumerate_all(emit: Any) -> None:
+        emit({"op": "put", "key": "k0", "value": state["k0"]})
+        enumerating.set()
+        assert go_on.wait(30)
+        for k, v in list(state.items())[1:]:
+            emit({"op": "put", "key": k, "value": v})
+
+    opened: list[Any] = []
+
+    def open_first() -> None:
+        try:
+            opened.append(persistlog.open(url, enumerate_all, durability="flush", handover=True,
+                                          on_handover=handing.set))
+        except BaseException as e:  # the test's failure, reported below
+            opened.append(e)
+
+    first = threading.Thread(target=open_first)
+    first.start()
+    assert enumerating.wait(30)
+    asked: list[Any] = []
+    second = threading.Thread(target=lambda: asked.append(_kv_open(url, handover=True, handover_timeout=30)))
+    second.start()
+    assert handing.wait(30)  # asked while the enumeration waits: its close comes next
+    time.sleep(0.2)  # (for the close to reach the rotation it waits for)
+    go_on.set()
+    first.join(60)
+    second.join(60)
+    assert isinstance(opened[0], persistlog.Log), opened
+    assert opened[0].closed and opened[0].handed_over is not None
+    new, new_state = asked[0]
+    try:
+        assert new_state == state  # the snapshot written whole, then sealed and handed over
+    finally:
+        new.close()
