@@ -2064,9 +2064,9 @@ static PyTypeObject StagingType = {
  *
  * The reader's fast lane (LogScanner in persistlog/_read/reader.py): consecutive batches of
  * one segment, read from the reader's window, each checked as docs/FORMAT.md says a batch is
- * checked -- header checksum, marker, flags, lengths, payload checksum, first LSN against
- * the one due, hash link against the hash of the batch before it -- and hashed for the next
- * link. It takes the usual batches only: uncompressed, clear, sharing no values, whole in
+ * checked -- header checksum, marker, flags, lengths, payload checksum, hash link against
+ * the hash of the batch before it -- and hashed for the next link (the LSNs, the reader
+ * checks after the run as after its own checks). It takes the usual batches only: uncompressed, clear, sharing no values, whole in
  * the window and smaller than the batches the reader hashes off its thread. At the first
  * batch it does not take, for whatever reason (damage of any kind, another kind of batch,
  * the window's end), the run ends and the reader's Python path reads that batch. So every
@@ -2084,8 +2084,6 @@ static PyTypeObject StagingType = {
 #define BATCH_HEADER_BODY 36
 #define LINK_SIZE 32
 #define MAX_BATCH_BYTES (64u * 1024u * 1024u)
-#define KIND_MASK 0x0003u
-#define KIND_CONTROL 3u
 #define COMPRESSION_MASK 0x000Cu
 #define FLAG_LINKED 0x0010u
 #define FLAG_ENCRYPTED 0x0020u
@@ -2283,14 +2281,13 @@ run_item(const unsigned char *p, Py_ssize_t end, uint32_t raw, int linked, PyObj
 }
 
 PyDoc_STRVAR(checked_batches_doc,
-"checked_batches(window, base, pos, stop, size, next_lsn, link, chained, under, budget, header_class)\n"
+"checked_batches(window, base, pos, stop, size, link, chained, under, budget, header_class)\n"
 "-> [(end, header, payload, link, hash), ...]\n\n"
 "The run of batches from offset ``pos`` of a segment of ``size`` bytes, of which\n"
 "``window`` holds the bytes from offset ``base`` on, that check out: each starts before\n"
 "``stop``, ends in the window, is smaller than ``under`` bytes, is uncompressed, clear and\n"
-"shares no values, passes every check of its header and payload, starts at LSN\n"
-"``next_lsn`` (None: any) or where the batch before it ends, and carries a link if and only\n"
-"if ``chained``, equal to ``link`` (None: any) or to the hash of the batch before it. The run\n"
+"shares no values, passes every check of its header and payload, and carries a link if and\n"
+"only if ``chained``, equal to ``link`` (None: any) or to the hash of the batch before it. The run\n"
 "ends at the first batch that does not, or once it holds ``budget`` bytes. ``header`` is a\n"
 "``header_class`` of the header's fields, ``payload`` the bytes after the link, ``link`` the\n"
 "link (None if none), ``hash`` the SHA-256 of the whole batch (None if unlinked).");
@@ -2300,25 +2297,14 @@ checked_batches(PyObject *self, PyObject *args)
 {
     Py_buffer view;
     Py_ssize_t base, pos, stop, size, under, budget;
-    PyObject *next_obj, *link_obj, *cls;
+    PyObject *link_obj, *cls;
     int chained;
-    if (!PyArg_ParseTuple(args, "y*nnnnOOpnnO:checked_batches", &view, &base, &pos, &stop, &size, &next_obj,
-                          &link_obj, &chained, &under, &budget, &cls))
+    if (!PyArg_ParseTuple(args, "y*nnnnOpnnO:checked_batches", &view, &base, &pos, &stop, &size, &link_obj,
+                          &chained, &under, &budget, &cls))
         return NULL;
     PyObject *run = NULL;
     if (runs_ready() < 0 || header_class_is(cls) < 0 || (run = PyList_New(0)) == NULL)
         goto done;
-    int have_next = next_obj != Py_None;
-    unsigned long long next = 0;
-    if (have_next) {
-        next = PyLong_AsUnsignedLongLong(next_obj);
-        if (next == (unsigned long long)-1 && PyErr_Occurred()) {
-            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
-                goto fail;
-            PyErr_Clear(); /* no batch starts there: the Python path says so */
-            goto done;
-        }
-    }
     const unsigned char *expect = NULL;
     if (link_obj != Py_None) {
         if (!PyBytes_Check(link_obj) || PyBytes_GET_SIZE(link_obj) != LINK_SIZE)
@@ -2340,8 +2326,7 @@ checked_batches(PyObject *self, PyObject *args)
             || count > (raw > 1 ? raw : 1) || (count == 0 && raw != 0))
             break;
         Py_ssize_t end = pos + BATCH_HEADER_SIZE + (Py_ssize_t)stored;
-        uint64_t first = le64(p + 16);
-        if (end > limit || end - pos >= under || (have_next && first != next)
+        if (end > limit || end - pos >= under
             || (linked && expect != NULL && memcmp(p + BATCH_HEADER_SIZE, expect, LINK_SIZE) != 0))
             break;
         long long crc = crc_of(p, BATCH_HEADER_BODY);
@@ -2365,13 +2350,8 @@ checked_batches(PyObject *self, PyObject *args)
         Py_DECREF(item);
         if (linked)
             expect = (const unsigned char *)PyBytes_AS_STRING(digest);
-        uint64_t lsns = (flags & KIND_MASK) == KIND_CONTROL ? 0 : count;
         held += end - pos;
         pos = end;
-        if (first > UINT64_MAX - lsns)
-            break; /* the LSN due next is past what a header holds */
-        next = first + lsns;
-        have_next = 1;
     }
     goto done;
 fail:

@@ -176,16 +176,15 @@ RUN_BYTES = 64 * 1024
 
 
 def checked_run(
-    window: bytes, base: int, pos: int, stop: int, size: int, next_lsn: int | None, link: bytes | None,
-    chained: bool, under: int,
+    window: bytes, base: int, pos: int, stop: int, size: int, link: bytes | None, chained: bool, under: int
 ) -> list[CheckedBatch]:
     """The fast lane of :func:`parse_batch_header` and :func:`check_payload`, for a reader
     walking a segment of ``size`` bytes whose bytes from offset ``base`` on ``window``
     holds: the run of consecutive batches from ``pos`` that pass every check those two make,
-    start before ``stop``, start at LSN ``next_lsn`` (None: any) or where the one before ends,
-    carry a link if and only if ``chained``, that link being ``link`` (None: any) or the hash
-    of the batch before, and are smaller than ``under`` bytes, uncompressed, clear and
-    sharing no values. Each is ``(end, header, raw payload, link, SHA-256 of the batch)``.
+    start before ``stop``, carry a link if and only if ``chained``, that link being ``link``
+    (None: any) or the hash of the batch before, and are smaller than ``under`` bytes,
+    uncompressed, clear and sharing no values. Each is ``(end, header, raw payload, link,
+    SHA-256 of the batch)``; their LSNs are the caller's to check.
 
     Checked in C, a few times faster than one batch at a time here; the run ends at the
     first batch it does not vouch for (damage, another kind of batch, the window's end),
@@ -194,7 +193,7 @@ def checked_run(
     if _checked_batches is None:
         return []
     run: list[CheckedBatch] = _checked_batches(
-        window, base, pos, stop, size, next_lsn, link, chained, under, RUN_BYTES, BatchHeader
+        window, base, pos, stop, size, link, chained, under, RUN_BYTES, BatchHeader
     )
     return run
 

@@ -755,7 +755,7 @@ class LogScanner:
             controls: list[dict[str, Any]] | None
             try:
                 if taken == len(run) and not isinstance(self._link, Future):
-                    run = checked_run(seg.buf, seg.base, pos, stop, size, next_lsn, self._link, st.chained, OFFLOAD_BYTES)
+                    run = checked_run(seg.buf, seg.base, pos, stop, size, self._link, st.chained, OFFLOAD_BYTES)
                     taken = 0
                 if taken < len(run):
                     # Checked in the fast lane: what is left is what follows the checks.
