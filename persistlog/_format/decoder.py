@@ -466,6 +466,11 @@ def record_slices(
         if not isinstance(bitmap, bytes) or len(bitmap) != (header.count + 7) >> 3:
             split_records(header, raw, offset, loads)  # raises the whole batch's verdict
             raise Damage("mixed batch without a valid kind bitmap", offset)
+    if plain and len(indices) == 2 and _decode_slice is not None:
+        # One slice (a small batch): built here, where a generator would cost as much again.
+        items = _decode_slice(raw, offsets[0], offsets[1], indices[1])
+        if items is not None:
+            return RecordSlices(header.kind, header.count, bitmap, iter(((0, items),)))
     slices = _decode_slices(header, raw, offset, loads, indices, offsets, _decode_slice if plain else None)
     return RecordSlices(header.kind, header.count, bitmap, slices)
 
