@@ -268,13 +268,13 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
     ]
 
 
-#: CPU per batch that a restore of one-record batches may cost (the fast lane's target).
+#: CPU per batch that a restore of one-record batches may cost (the target of the checks in C).
 ONE_RECORD_BATCH_MS = 0.004
 
 
 def _one_record_batches(cfg: Config, s: Scratch) -> list[Figure]:
     """Restore of a flush-mode log of one-record batches, where the cost per batch is all
-    there is: reading with the decoder's fast lane (the C accelerator's run of checked
+    there is: the decoder's checks in C (the C accelerator's run of checked
     batches) against the Python checks alone, CPU time, the same log, interleaved."""
     from persistlog._format import decoder
 
@@ -284,16 +284,16 @@ def _one_record_batches(cfg: Config, s: Scratch) -> list[Figure]:
     for i in range(n):
         lg.update({"op": "put", "key": i})
     lg.close()
-    fast_lane = decoder._checked_batches
+    in_c = decoder._checked_batches
 
-    def restore(lane: Any) -> Callable[[], float]:
+    def restore(checks: Any) -> Callable[[], float]:
         def run() -> float:
-            decoder._checked_batches = lane
+            decoder._checked_batches = checks
             try:
                 result: list[persistlog.RestoreResult] = []
                 seconds = cpu_timed(lambda: result.append(persistlog.restore(url, lambda r: None)))
             finally:
-                decoder._checked_batches = fast_lane
+                decoder._checked_batches = in_c
             if result[0].records != n:
                 raise RuntimeError(f"restore of {url} replayed {result[0].records} records, expected {n}")
             return seconds
@@ -301,13 +301,13 @@ def _one_record_batches(cfg: Config, s: Scratch) -> list[Figure]:
         return run
 
     log.info("restore of one-record batches: %d batches, %d rounds", n, cfg.repeats)
-    times = interleaved({"fast": restore(fast_lane), "python": restore(None)}, cfg.repeats)
+    times = interleaved({"c": restore(in_c), "python": restore(None)}, cfg.repeats)
     rate = {name: n / median(t) for name, t in times.items()}  # records (and batches) per CPU second
-    raw = {"batches": n, "cpu_seconds": times, "built": fast_lane is not None}
+    raw = {"batches": n, "cpu_seconds": times, "built": in_c is not None}
     return [
-        vs_baseline("restore of one-record batches, CPU: fast lane", AREA, rate["fast"], rate["python"],
+        vs_baseline("restore of one-record batches, CPU: checks in C", AREA, rate["c"], rate["python"],
                     "Python checks alone", "rec/s", 2.0, raw),
-        at_most("  CPU per one-record batch restored", AREA, 1e3 / rate["fast"], ONE_RECORD_BATCH_MS, "ms",
+        at_most("  CPU per one-record batch restored", AREA, 1e3 / rate["c"], ONE_RECORD_BATCH_MS, "ms",
                 1e3 / rate["python"], "Python checks alone"),
     ]
 

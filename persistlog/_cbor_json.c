@@ -2062,7 +2062,7 @@ static PyTypeObject StagingType = {
 
 /* -- batches checked in runs -----------------------------------------------------------------
  *
- * The reader's fast lane (LogScanner in persistlog/_read/reader.py): consecutive batches of
+ * The reader's batch checks (LogScanner in persistlog/_read/reader.py): consecutive batches of
  * one segment, read from the reader's window, each checked as docs/FORMAT.md says a batch is
  * checked -- header checksum, marker, flags, lengths, payload checksum, hash link against
  * the hash of the batch before it -- and hashed for the next link (the LSNs, the reader

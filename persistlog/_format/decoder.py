@@ -166,11 +166,11 @@ def check_payload(header: BatchHeader, stored: bytes | memoryview, offset: int, 
     return _payload(header, stored, offset, keys, link is not None)
 
 
-#: A batch the fast lane vouched for (:func:`checked_run`): where it ends, its header, its
+#: A batch checked in C (:func:`checked_run`): where it ends, its header, its
 #: payload, its link (None: it carries none) and its SHA-256 (None: unlinked).
 CheckedBatch = tuple[int, BatchHeader, bytes, "bytes | None", "bytes | None"]
 
-#: The bytes of batches one run of the fast lane holds at most (and one batch more): what a
+#: The bytes of batches one run checked in C holds at most (and one batch more): what a
 #: reader that stops early has checked in vain, and what a run holds in memory.
 RUN_BYTES = 64 * 1024
 
@@ -178,7 +178,7 @@ RUN_BYTES = 64 * 1024
 def checked_run(
     window: bytes, base: int, pos: int, stop: int, size: int, link: bytes | None, chained: bool, under: int
 ) -> list[CheckedBatch]:
-    """The fast lane of :func:`parse_batch_header` and :func:`check_payload`, for a reader
+    """:func:`parse_batch_header` and :func:`check_payload` in C, for a reader
     walking a segment of ``size`` bytes whose bytes from offset ``base`` on ``window``
     holds: the run of consecutive batches from ``pos`` that pass every check those two make,
     start before ``stop``, carry a link if and only if ``chained``, that link being ``link``

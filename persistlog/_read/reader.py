@@ -741,7 +741,7 @@ class LogScanner:
         size = seg.size
         values = self.values
         stop = self.stop_at[1] if self.stop_at is not None and self.stop_at[0] == number else size
-        # The batches ahead that the decoder's fast lane checked in one call (checked_run),
+        # The batches ahead that the decoder checked in C in one call (checked_run),
         # and how many of them were taken. The first batch it does not vouch for is read
         # here one check at a time, and the next run starts after it.
         run: list[CheckedBatch] = []
@@ -758,7 +758,7 @@ class LogScanner:
                     run = checked_run(seg.buf, seg.base, pos, stop, size, self._link, st.chained, OFFLOAD_BYTES)
                     taken = 0
                 if taken < len(run):
-                    # Checked in the fast lane: what is left is what follows the checks.
+                    # Checked in C: what is left is what follows the checks.
                     end, header, raw, link, digest = run[taken]
                     taken += 1
                     stored, vouched = raw, True

@@ -12,10 +12,10 @@ def log_dir(tmp_path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(params=["c", "python"])
-def reader_lane(request, monkeypatch):  # type: ignore[no-untyped-def]
-    """Run a test twice: with the batches the reader meets checked in the decoder's fast lane
+def batch_checks(request, monkeypatch):  # type: ignore[no-untyped-def]
+    """Run a test twice: with the batches the reader meets checked in C by the decoder
     (in C), and with every batch checked by the Python checks alone, as without the C
-    accelerator (``pytestmark = pytest.mark.usefixtures("reader_lane")``)."""
+    accelerator (``pytestmark = pytest.mark.usefixtures("batch_checks")``)."""
     from persistlog._format import decoder
 
     if request.param == "c":

@@ -1,4 +1,4 @@
-"""The decoder's fast lane (``checked_run``, in C) vouches for a batch exactly when the
+"""The decoder's checks in C (``checked_run``) vouch for a batch exactly when the
 Python checks (``parse_batch_header``, ``check_payload``) accept it and it is a plain batch
 (uncompressed, clear, sharing no values, smaller than the hashing limit) whose link is the
 one due; and what it gives for it is what they give. Headers here are made field by field,
@@ -21,7 +21,7 @@ from persistlog._format.decoder import Damage, check_payload, checked_run, parse
 
 _c = pytest.importorskip("persistlog._cbor_json")
 if not hasattr(_c, "checked_batches"):
-    pytest.skip("the C accelerator was built without the fast lane", allow_module_level=True)
+    pytest.skip("the C accelerator was built without the batch checks", allow_module_level=True)
 
 UNDER = 4096
 PLAIN = F.COMPRESSION_MASK | F.FLAG_ENCRYPTED | F.FLAG_SHARED
@@ -63,8 +63,8 @@ def batches(draw: Any) -> tuple[bytes, bytes | None]:
 
 
 def python_verdict(seg: bytes, pos: int, limit: int, expect: bytes | None, chained: bool) -> Any:
-    """What the fast lane must give for the one batch at ``pos``: [] unless the Python checks
-    accept it and it is one the lane takes."""
+    """What the checks in C must give for the one batch at ``pos``: [] unless the Python checks
+    accept it and it is one they take."""
     try:
         header = parse_batch_header(seg[pos:pos + F.BATCH_HEADER_SIZE], pos)
         end = pos + header.size
@@ -81,7 +81,7 @@ def python_verdict(seg: bytes, pos: int, limit: int, expect: bytes | None, chain
 
 @active_profile(max_examples=400)
 @given(batches(), st.integers(0, 50), st.binary(max_size=39), st.sampled_from(["none", "right", "wrong"]))
-def test_the_fast_lane_vouches_for_exactly_what_the_checks_accept(
+def test_the_checks_in_c_vouch_for_exactly_what_the_python_checks_accept(
     batch: tuple[bytes, bytes | None], pos: int, after: bytes, expect: str
 ) -> None:
     data, link = batch
@@ -134,7 +134,7 @@ def test_a_run_ends_once_it_holds_its_budget(monkeypatch: pytest.MonkeyPatch) ->
     assert [end for end, *_ in checked_run(seg, 0, 0, len(seg), len(seg), None, False, UNDER)] == [41, 82, 123]
 
 
-def test_without_the_c_accelerator_the_lane_is_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_c_accelerator_no_batch_is_checked_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
     seg = plain_batch(7)
     monkeypatch.setattr(decoder, "_checked_batches", None)
     assert checked_run(seg, 0, 0, len(seg), len(seg), None, False, UNDER) == []

@@ -17,8 +17,8 @@ from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
 
-# Every case reads with the decoder's fast lane (in C) and with the Python checks alone.
-pytestmark = pytest.mark.usefixtures("reader_lane")
+# Every case reads with the decoder's batch checks in C and with the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
 
 
 BATCH_HEADER = 40

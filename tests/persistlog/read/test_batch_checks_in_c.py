@@ -1,8 +1,9 @@
-"""The reader's fast lane (``decoder.checked_run``, the C accelerator's ``checked_batches``)
-changes nothing a reader can see: over real logs of every kind of batch, damaged at random,
-a scan with it and a scan through the Python checks alone give the same batches, the same
-``LogState``, the same log messages and the same error, in strict and skip recovery, with
-and without ``tail_ok``, from a log's start or from inside it, through windows of any size.
+"""The reader's batch checks in C (``decoder.checked_run``, the C accelerator's
+``checked_batches``) change nothing a reader can see: over real logs of every kind of
+batch, damaged at random, a scan with them and a scan through the Python checks alone give
+the same batches, the same ``LogState``, the same log messages and the same error, in
+strict and skip recovery, with and without ``tail_ok``, from a log's start or from inside
+it, through windows of any size.
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ from persistlog._read.reader import READ_CHUNK, LogScanner, list_logs
 
 _c = pytest.importorskip("persistlog._cbor_json")
 if not hasattr(_c, "checked_batches"):
-    pytest.skip("the C accelerator was built without the fast lane", allow_module_level=True)
+    pytest.skip("the C accelerator was built without the batch checks", allow_module_level=True)
 
 
 # -- the two lanes ------------------------------------------------------------------------
 
 
 @contextmanager
-def python_lane() -> Iterator[None]:
+def python_checks() -> Iterator[None]:
     """Every batch read through the Python checks, as without the C accelerator."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(decoder, "_checked_batches", None)
@@ -136,9 +137,9 @@ def restored(url: str, recovery: str) -> Callable[[], Any]:
 
 
 def same_both_ways(read: Callable[[], Any]) -> Any:
-    """``read`` with the fast lane and without: the same outcome, which is returned."""
+    """``read`` with the checks in C and without: the same outcome, which is returned."""
     fast = outcome(read)
-    with python_lane():
+    with python_checks():
         slow = outcome(read)
     assert fast[1] == slow[1], "the error differs"
     assert fast[0] == slow[0], "what was read differs"
@@ -200,7 +201,7 @@ def write_log(url: str, options: dict[str, Any], close: bool) -> None:
 
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("fast-lane")
+    root = tmp_path_factory.mktemp("checks-in-c")
     made = {}
     for kind, (options, close) in KINDS.items():
         made[kind] = str(root / kind)
@@ -287,7 +288,7 @@ def damage(data: st.DataObject, path: str) -> str:
 @pytest.mark.slow
 @active_profile(max_examples=60)
 @given(data=st.data())
-def test_damaged_logs_read_the_same_with_and_without_the_fast_lane(logs: dict[str, str], data: st.DataObject) -> None:
+def test_damaged_logs_read_the_same_with_and_without_the_checks_in_c(logs: dict[str, str], data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(sorted(logs)))
     with tempfile.TemporaryDirectory() as tmp:
         url = os.path.join(tmp, "log")
@@ -313,22 +314,28 @@ def test_damaged_logs_read_the_same_with_and_without_the_fast_lane(logs: dict[st
 # -- cases named ---------------------------------------------------------------------------
 
 
-def test_the_fast_lane_takes_plain_batches(logs: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without this the property above would hold of a lane that takes nothing: every
-    one-record batch of an undamaged chained log is vouched for in C."""
-    taken: list[int] = []
-    real = decoder._checked_batches
+def test_plain_batches_are_checked_in_c(logs: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without this the property above would hold of checks in C that take nothing: every
+    plain batch of an undamaged chained log is checked in C, the others in Python."""
+    in_c: list[int] = []
+    in_python: list[int] = []
+    real_c, real_python = decoder._checked_batches, reader.parse_batch_header
 
-    def counting(*args: Any) -> Any:
-        run = real(*args)
-        taken.append(len(run))
+    def counted_c(*args: Any) -> Any:
+        run = real_c(*args)
+        in_c.append(len(run))
         return run
 
-    monkeypatch.setattr(decoder, "_checked_batches", counting)
-    (batches, _states, error), _, _ = same_both_ways(scan_logs(logs["chained"]))
+    def counted_python(buf: Any, offset: int) -> Any:
+        in_python.append(offset)
+        return real_python(buf, offset)
+
+    monkeypatch.setattr(decoder, "_checked_batches", counted_c)
+    monkeypatch.setattr(reader, "parse_batch_header", counted_python)
+    (batches, _states, error), _, _ = outcome(scan_logs(logs["chained"]))
     assert error is None
-    singles = [b for b in batches if b[3].count == 1 and not b[3].flags & F.FLAG_SHARED]
-    assert len(singles) >= 30 and sum(taken) >= len(singles)
+    shared = [b for b in batches if b[3].flags & F.FLAG_SHARED]
+    assert shared and sum(in_c) == len(batches) - len(shared) and len(in_python) == len(shared)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
