@@ -722,37 +722,35 @@ typedef struct {
     int kind;
 } DepthLevel;
 
+/* ``out[i] = modules[i].names[i]`` for the n pairs, as new references, all or none: -1
+ * with an error set (and every ``out[i]`` left NULL) when one is missing. What this module
+ * takes from Python it imports on first use, so that importing it costs nothing. */
+static int
+import_attributes(int n, const char *const modules[], const char *const names[], PyObject **const out[])
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *module = PyImport_ImportModule(modules[i]);
+        *out[i] = module == NULL ? NULL : PyObject_GetAttrString(module, names[i]);
+        Py_XDECREF(module);
+        if (*out[i] == NULL) {
+            for (int j = 0; j < i; j++)
+                Py_CLEAR(*out[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* cbor2.CBORTag, collections.abc.Mapping and .Sequence, imported on first use. */
 static PyObject *depth_tag_type, *depth_mapping, *depth_sequence;
 
 static int
 depth_import_types(void)
 {
-    if (depth_sequence != NULL)
-        return 0;
-    PyObject *cbor2 = PyImport_ImportModule("cbor2");
-    if (cbor2 == NULL)
-        return -1;
-    PyObject *abc = PyImport_ImportModule("collections.abc");
-    if (abc == NULL) {
-        Py_DECREF(cbor2);
-        return -1;
-    }
-    PyObject *tag = PyObject_GetAttrString(cbor2, "CBORTag");
-    PyObject *mapping = PyObject_GetAttrString(abc, "Mapping");
-    PyObject *sequence = PyObject_GetAttrString(abc, "Sequence");
-    Py_DECREF(cbor2);
-    Py_DECREF(abc);
-    if (tag == NULL || mapping == NULL || sequence == NULL) {
-        Py_XDECREF(tag);
-        Py_XDECREF(mapping);
-        Py_XDECREF(sequence);
-        return -1;
-    }
-    depth_tag_type = tag;
-    depth_mapping = mapping;
-    depth_sequence = sequence;
-    return 0;
+    static const char *const modules[] = {"cbor2", "collections.abc", "collections.abc"};
+    static const char *const names[] = {"CBORTag", "Mapping", "Sequence"};
+    PyObject **const out[] = {&depth_tag_type, &depth_mapping, &depth_sequence};
+    return depth_sequence != NULL ? 0 : import_attributes(3, modules, names, out);
 }
 
 /* Values cbor2 writes without recursing; checked without running any Python code. */
@@ -2112,24 +2110,19 @@ static PyObject *crc32_func, *sha256_func, *str_digest;
 static int
 runs_ready(void)
 {
+    static const char *const modules[] = {"zlib", "hashlib"};
+    static const char *const names[] = {"crc32", "sha256"};
+    PyObject **const out[] = {&crc32_func, &sha256_func};
     if (str_digest != NULL)
         return 0;
-    PyObject *zlib = PyImport_ImportModule("zlib");
-    PyObject *hashlib = zlib == NULL ? NULL : PyImport_ImportModule("hashlib");
-    PyObject *crc32 = hashlib == NULL ? NULL : PyObject_GetAttrString(zlib, "crc32");
-    PyObject *sha256 = crc32 == NULL ? NULL : PyObject_GetAttrString(hashlib, "sha256");
-    PyObject *digest = sha256 == NULL ? NULL : PyUnicode_InternFromString("digest");
-    Py_XDECREF(zlib);
-    Py_XDECREF(hashlib);
-    if (digest == NULL) {
-        Py_XDECREF(crc32);
-        Py_XDECREF(sha256);
+    if (import_attributes(2, modules, names, out) < 0)
+        return -1;
+    crc_table_fill();
+    if ((str_digest = PyUnicode_InternFromString("digest")) == NULL) {
+        Py_CLEAR(crc32_func);
+        Py_CLEAR(sha256_func);
         return -1;
     }
-    crc_table_fill();
-    crc32_func = crc32;
-    sha256_func = sha256;
-    str_digest = digest;
     return 0;
 }
 
