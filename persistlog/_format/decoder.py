@@ -172,7 +172,7 @@ CheckedBatch = tuple[int, BatchHeader, bytes, "bytes | None", "bytes | None"]
 
 #: The bytes of batches one run checked in C holds at most (and one batch more): what a
 #: reader that stops early has checked in vain, and what a run holds in memory.
-RUN_BYTES = 64 * 1024
+RUN_BYTES = 16 * 1024
 
 
 def checked_run(
