@@ -376,3 +376,46 @@ def test_a_torn_tail_is_dropped_alike(logs: dict[str, str], tmp_path: Any) -> No
         f.truncate(pos + size - 3)
     (_batches, states, error), _, _ = same_both_ways(scan_logs(url))
     assert error is None and states[-1]["torn"] is not None
+
+
+RESTORE_WITHOUT_ACCELERATOR = """
+    import json, sys
+    import persistlog
+    from persistlog._format import decoder
+
+    def restored(url):
+        records = []
+        try:
+            result = persistlog.restore(url, records.append, recovery="skip")
+        except Exception as e:
+            return [type(e).__name__, str(e)]
+        return [repr(records), result.records, result.next_lsn, repr(result.skipped), repr(result.torn_tails)]
+
+    print(json.dumps({"built": decoder._checked_batches is not None, "restored": [restored(u) for u in sys.argv[1:]]}))
+"""
+
+
+def test_without_the_accelerator_damaged_logs_restore_the_same(logs: dict[str, str], tmp_path: Any) -> None:
+    """Where the C accelerator is not built at all (not only its batch checks switched off)."""
+    from childproc import run_json
+
+    urls = []
+    for kind in ("chained", "unchained"):
+        url = str(tmp_path / kind)
+        shutil.copytree(logs[kind], url)
+        path = segment_files(url)[-1]  # in the log a restore starts at
+        pos, _size, _kind = batch_offsets(path)[2]
+        with open(path, "r+b") as f:
+            f.seek(pos + F.BATCH_HEADER_SIZE + 3)
+            byte = f.read(1)[0]
+            f.seek(pos + F.BATCH_HEADER_SIZE + 3)
+            f.write(bytes([byte ^ 4]))
+        urls += [logs[kind], url]
+    child = run_json(RESTORE_WITHOUT_ACCELERATOR, *urls, hide=["persistlog._cbor_json"])
+    here = []
+    for url in urls:
+        records: list[Any] = []
+        result = persistlog.restore(url, records.append, recovery="skip")
+        here.append([repr(records), result.records, result.next_lsn, repr(result.skipped), repr(result.torn_tails)])
+    assert child["built"] is False and child["restored"] == here
+    assert here[1][3] != "[]" and here[3][3] != "[]"  # the damage was found, and skipped alike
