@@ -764,10 +764,6 @@ class LogScanner:
                     stored, vouched = raw, True
                     if values.at is not None:
                         values.reading(self.seq, number, pos)
-                    if header.flags & F.KIND_MASK == F.KIND_CONTROL:
-                        controls = control_records(header, raw, pos)
-                    else:
-                        controls = None
                 else:
                     vouched = False
                     head_bytes = seg.get(pos, F.BATCH_HEADER_SIZE)
@@ -803,10 +799,7 @@ class LogScanner:
                     raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, apart)
                     if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
                         values.lost()  # its definitions stayed shut: the table ends here
-                    if header.kind == F.KIND_CONTROL:
-                        controls = control_records(header, raw, pos)
-                    else:
-                        controls = None
+                controls = control_records(header, raw, pos) if header.flags & F.KIND_MASK == F.KIND_CONTROL else None
             except MissingDependencyError as e:
                 raise MissingDependencyError(
                     f"{self.dest.url} log {self.seq} segment {name}: {e}", package=e.package, extra=e.extra
@@ -846,10 +839,8 @@ class LogScanner:
             next_lsn = header.first_lsn + header.lsn_count
             st.next_lsn = next_lsn
             if vouched and controls is None and pos != F.SEGMENT_HEADER_SIZE:
-                if st.chained:  # its link was checked in the run: the chain moves past it
-                    self._link = digest
-                    st.move_head(digest)
-                    self._linked_from = (name, pos)
+                if st.chained:  # its link was checked in the run
+                    self._chain_moves(digest, name, pos)
             elif header.linked or st.chained:
                 self._check_link(header, link, digest, controls, name, pos)
             if header.flags & F.FLAG_ENCRYPTED:
@@ -948,8 +939,13 @@ class LogScanner:
                 c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
             ):
                 self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
+        self._chain_moves(digest, name, pos)
+
+    def _chain_moves(self, digest: bytes | Future[bytes] | None, name: str, pos: int) -> None:
+        """The chain moves past the batch at ``pos``, whose link checked out: the next batch
+        must link to ``digest``, its hash."""
         self._link = digest
-        st.move_head(self._link)
+        self.state.move_head(digest)
         self._linked_from = (name, pos)
 
     def _next_link(self) -> bytes | None:
