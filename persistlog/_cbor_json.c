@@ -2063,16 +2063,18 @@ static PyTypeObject StagingType = {
  * The reader's batch checks (LogScanner in persistlog/_read/reader.py): consecutive batches of
  * one segment, read from the reader's window, each checked as docs/FORMAT.md says a batch is
  * checked -- header checksum, marker, flags, lengths, payload checksum, hash link against
- * the hash of the batch before it -- and hashed for the next link (the LSNs, the reader
- * checks after the run as after its own checks). It takes the usual batches only: uncompressed, clear, sharing no values, whole in
- * the window and smaller than the batches the reader hashes off its thread. At the first
- * batch it does not take, for whatever reason (damage of any kind, another kind of batch,
- * the window's end), the run ends and the reader's Python path reads that batch. So every
- * verdict on bytes that are not well formed, and every message, stays the Python decoder's
- * (persistlog/_format/decoder.py): this code judges nothing, it only vouches for batches.
+ * the hash of the batch before it -- and hashed for the next link (the LSNs the reader
+ * checks after the run, as after its own checks). It takes the usual batches only:
+ * uncompressed, clear, sharing no values, whole in the window and smaller than the batches
+ * the reader hashes off its thread. At the first batch it does not take, for whatever
+ * reason (damage of any kind, another kind of batch, the window's end), the run ends and
+ * the reader's Python path reads that batch. So every verdict on bytes that are not well
+ * formed, and every message, stays the Python decoder's (persistlog/_format/decoder.py):
+ * this code judges nothing, it only vouches for batches.
  *
- * The checksums and hashes are zlib.crc32 and hashlib.sha256, called as the Python path
- * calls them (hashlib hashes with the CPU's SHA instructions where OpenSSL has them).
+ * The checksums are zlib's CRC-32 (computed here for a few bytes, by zlib.crc32 past that),
+ * the hashes hashlib.sha256's, called as the Python path calls it (with the CPU's SHA
+ * instructions where OpenSSL has them).
  */
 
 /* The batch header (docs/FORMAT.md, "Batch"): stored length, raw length, record count
