@@ -264,6 +264,51 @@ def restore_speed(cfg: Config, s: Scratch) -> list[Figure]:
         info("restore replay= vs sqlite3 key/value columns", AREA, rate["replay"], "rec/s",
              rate["sqlite_kv"], "sqlite3 kv"),
         info("JSON lines read back", AREA, rate["jsonl"], "rec/s", rate["sqlite"], "sqlite3"),
+        *_one_record_batches(cfg, s),
+    ]
+
+
+#: CPU per batch that a restore of one-record batches may cost (the target of the checks in C).
+ONE_RECORD_BATCH_MS = 0.004
+
+
+def _one_record_batches(cfg: Config, s: Scratch) -> list[Figure]:
+    """Restore of a flush-mode log of one-record batches, where the cost per batch is all
+    there is: the decoder's checks in C (the C accelerator's run of checked
+    batches) against the Python checks alone, CPU time, the same log, interleaved."""
+    from persistlog._format import decoder
+
+    n = 20_000 if cfg.quick else 50_000
+    url = s.fresh("log-restore-one-record-batches")
+    lg = persistlog.open(url, no_enumeration, durability="flush")
+    for i in range(n):
+        lg.update({"op": "put", "key": i})
+    lg.close()
+    in_c = decoder._checked_batches
+
+    def restore(checks: Any) -> Callable[[], float]:
+        def run() -> float:
+            decoder._checked_batches = checks
+            try:
+                result: list[persistlog.RestoreResult] = []
+                seconds = cpu_timed(lambda: result.append(persistlog.restore(url, lambda r: None)))
+            finally:
+                decoder._checked_batches = in_c
+            if result[0].records != n:
+                raise RuntimeError(f"restore of {url} replayed {result[0].records} records, expected {n}")
+            return seconds
+
+        return run
+
+    log.info("restore of one-record batches: %d batches, %d rounds", n, cfg.repeats)
+    times = interleaved({"c": restore(in_c), "python": restore(None)}, cfg.repeats)
+    rate = {name: n / median(t) for name, t in times.items()}  # records (and batches) per CPU second
+    raw = {"batches": n, "cpu_seconds": times, "built": in_c is not None}
+    return [
+        vs_baseline("restore of one-record batches, CPU: checks in C", AREA, rate["c"], rate["python"],
+                    "Python checks alone", "rec/s", 2.0, raw),
+        at_most("  CPU per one-record batch restored", AREA, 1e3 / rate["c"], ONE_RECORD_BATCH_MS, "ms",
+                1e3 / rate["python"], "Python checks alone"),
     ]
 
 

@@ -722,37 +722,35 @@ typedef struct {
     int kind;
 } DepthLevel;
 
+/* ``out[i] = modules[i].names[i]`` for the n pairs, as new references, all or none: -1
+ * with an error set (and every ``out[i]`` left NULL) when one is missing. What this module
+ * takes from Python it imports on first use, so that importing it costs nothing. */
+static int
+import_attributes(int n, const char *const modules[], const char *const names[], PyObject **const out[])
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *module = PyImport_ImportModule(modules[i]);
+        *out[i] = module == NULL ? NULL : PyObject_GetAttrString(module, names[i]);
+        Py_XDECREF(module);
+        if (*out[i] == NULL) {
+            for (int j = 0; j < i; j++)
+                Py_CLEAR(*out[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* cbor2.CBORTag, collections.abc.Mapping and .Sequence, imported on first use. */
 static PyObject *depth_tag_type, *depth_mapping, *depth_sequence;
 
 static int
 depth_import_types(void)
 {
-    if (depth_sequence != NULL)
-        return 0;
-    PyObject *cbor2 = PyImport_ImportModule("cbor2");
-    if (cbor2 == NULL)
-        return -1;
-    PyObject *abc = PyImport_ImportModule("collections.abc");
-    if (abc == NULL) {
-        Py_DECREF(cbor2);
-        return -1;
-    }
-    PyObject *tag = PyObject_GetAttrString(cbor2, "CBORTag");
-    PyObject *mapping = PyObject_GetAttrString(abc, "Mapping");
-    PyObject *sequence = PyObject_GetAttrString(abc, "Sequence");
-    Py_DECREF(cbor2);
-    Py_DECREF(abc);
-    if (tag == NULL || mapping == NULL || sequence == NULL) {
-        Py_XDECREF(tag);
-        Py_XDECREF(mapping);
-        Py_XDECREF(sequence);
-        return -1;
-    }
-    depth_tag_type = tag;
-    depth_mapping = mapping;
-    depth_sequence = sequence;
-    return 0;
+    static const char *const modules[] = {"cbor2", "collections.abc", "collections.abc"};
+    static const char *const names[] = {"CBORTag", "Mapping", "Sequence"};
+    PyObject **const out[] = {&depth_tag_type, &depth_mapping, &depth_sequence};
+    return depth_sequence != NULL ? 0 : import_attributes(3, modules, names, out);
 }
 
 /* Values cbor2 writes without recursing; checked without running any Python code. */
@@ -2060,6 +2058,304 @@ static PyTypeObject StagingType = {
     .tp_getset = staging_getset,
 };
 
+/* -- batches checked in runs -----------------------------------------------------------------
+ *
+ * The reader's batch checks (LogScanner in persistlog/_read/reader.py): consecutive batches of
+ * one segment, read from the reader's window, each checked as docs/FORMAT.md says a batch is
+ * checked -- header checksum, marker, flags, lengths, payload checksum, hash link against
+ * the hash of the batch before it -- and hashed for the next link (the LSNs the reader
+ * checks after the run, as after its own checks). It takes the usual batches only:
+ * uncompressed, clear, sharing no values, whole in the window and smaller than the batches
+ * the reader hashes off its thread. At the first batch it does not take, for whatever
+ * reason (damage of any kind, another kind of batch, the window's end), the run ends and
+ * the reader's Python path reads that batch. So every verdict on bytes that are not well
+ * formed, and every message, stays the Python decoder's (persistlog/_format/decoder.py):
+ * this code judges nothing, it only vouches for batches.
+ *
+ * The checksums are zlib's CRC-32 (computed here for a few bytes, by zlib.crc32 past that),
+ * the hashes hashlib.sha256's, called as the Python path calls it (with the CPU's SHA
+ * instructions where OpenSSL has them).
+ */
+
+/* The batch header (docs/FORMAT.md, "Batch"): stored length, raw length, record count
+ * (u32 each), flags (u16), marker "PB", first LSN (u64), commit time (i64), payload CRC
+ * (u32), then the CRC of those 36 bytes; little-endian. */
+#define BATCH_HEADER_SIZE 40
+#define BATCH_HEADER_BODY 36
+#define LINK_SIZE 32
+#define MAX_BATCH_BYTES (64u * 1024u * 1024u)
+#define COMPRESSION_MASK 0x000Cu
+#define FLAG_LINKED 0x0010u
+#define FLAG_ENCRYPTED 0x0020u
+#define FLAG_SHARED 0x0040u
+#define KNOWN_FLAGS 0x007Fu
+
+/* Below this many bytes a CRC is computed here, a byte at a time, faster than a call to
+ * zlib.crc32 costs; zlib's is several times faster on longer runs. */
+#define CRC_HERE_BYTES 256
+static uint32_t crc_table[256];
+
+static void
+crc_table_fill(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+static PyObject *crc32_func, *sha256_func, *str_digest;
+
+/* zlib.crc32 and hashlib.sha256, imported on the first run. */
+static int
+runs_ready(void)
+{
+    static const char *const modules[] = {"zlib", "hashlib"};
+    static const char *const names[] = {"crc32", "sha256"};
+    PyObject **const out[] = {&crc32_func, &sha256_func};
+    if (str_digest != NULL)
+        return 0;
+    if (import_attributes(2, modules, names, out) < 0)
+        return -1;
+    crc_table_fill();
+    if ((str_digest = PyUnicode_InternFromString("digest")) == NULL) {
+        Py_CLEAR(crc32_func);
+        Py_CLEAR(sha256_func);
+        return -1;
+    }
+    return 0;
+}
+
+static uint32_t
+le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t
+le64(const unsigned char *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
+
+/* The CRC-32 (zlib's) of the n bytes at p; -1 with an error set. */
+static long long
+crc_of(const unsigned char *p, Py_ssize_t n)
+{
+    if (n < CRC_HERE_BYTES) {
+        uint32_t c = 0xFFFFFFFFu;
+        for (Py_ssize_t i = 0; i < n; i++)
+            c = crc_table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+        return (long long)(c ^ 0xFFFFFFFFu);
+    }
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL)
+        return -1;
+    PyObject *crc = PyObject_CallOneArg(crc32_func, view);
+    Py_DECREF(view);
+    if (crc == NULL)
+        return -1;
+    unsigned long long v = PyLong_AsUnsignedLongLong(crc);
+    Py_DECREF(crc);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    return (long long)v;
+}
+
+/* hashlib.sha256(the n bytes at p).digest(): a new bytes object of LINK_SIZE bytes; NULL
+ * with an error set. */
+static PyObject *
+sha256_of(const unsigned char *p, Py_ssize_t n)
+{
+    PyObject *view = PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+    if (view == NULL)
+        return NULL;
+    PyObject *h = PyObject_CallOneArg(sha256_func, view);
+    Py_DECREF(view);
+    if (h == NULL)
+        return NULL;
+    PyObject *digest = PyObject_CallMethodNoArgs(h, str_digest);
+    Py_DECREF(h);
+    if (digest != NULL && (!PyBytes_Check(digest) || PyBytes_GET_SIZE(digest) != LINK_SIZE)) {
+        Py_DECREF(digest);
+        PyErr_SetString(PyExc_SystemError, "hashlib.sha256 gave no 32-byte digest");
+        return NULL;
+    }
+    return digest;
+}
+
+/* The header object: an instance of the class the reader passes (decoder.BatchHeader, a
+ * frozen dataclass with slots), its slots filled in through their member descriptors, as
+ * its __init__ fills them, for a fraction of the cost; a class whose fields are not slots
+ * is called. */
+#define HEADER_FIELDS 7
+static const char *const header_fields[HEADER_FIELDS] = {
+    "stored_len", "raw_len", "count", "flags", "first_lsn", "commit_us", "payload_crc",
+};
+static PyObject *header_class;
+static PyObject *header_slots[HEADER_FIELDS];
+
+static int
+header_class_is(PyObject *cls)
+{
+    if (cls == header_class)
+        return 0;
+    PyObject *slots[HEADER_FIELDS] = {NULL};
+    int all = PyType_Check(cls);
+    for (int i = 0; all && i < HEADER_FIELDS; i++) {
+        slots[i] = PyObject_GetAttrString(cls, header_fields[i]);
+        if (slots[i] == NULL) {
+            for (int j = 0; j < i; j++)
+                Py_DECREF(slots[j]);
+            return -1;
+        }
+        all = Py_IS_TYPE(slots[i], &PyMemberDescr_Type);
+    }
+    for (int i = 0; i < HEADER_FIELDS; i++) {
+        Py_CLEAR(header_slots[i]);
+        header_slots[i] = all ? slots[i] : NULL;
+        if (!all)
+            Py_XDECREF(slots[i]);
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(header_class, cls);
+    return 0;
+}
+
+static PyObject *
+header_object(PyObject *const values[HEADER_FIELDS])
+{
+    if (header_slots[0] == NULL)
+        return PyObject_Vectorcall(header_class, values, HEADER_FIELDS, NULL);
+    PyTypeObject *tp = (PyTypeObject *)header_class;
+    PyObject *h = tp->tp_alloc(tp, 0);
+    if (h == NULL)
+        return NULL;
+    for (int i = 0; i < HEADER_FIELDS; i++) {
+        if (Py_TYPE(header_slots[i])->tp_descr_set(header_slots[i], h, values[i]) < 0) {
+            Py_DECREF(h);
+            return NULL;
+        }
+    }
+    return h;
+}
+
+/* The batch at p, which checks out (``linked``: it carries a link; its payload is
+ * ``raw`` bytes after it), as the run's item (end, header, payload, link, hash). */
+static PyObject *
+run_item(const unsigned char *p, Py_ssize_t end, uint32_t raw, int linked, PyObject *digest)
+{
+    PyObject *values[HEADER_FIELDS] = {
+        PyLong_FromUnsignedLong(le32(p)), PyLong_FromUnsignedLong(raw), PyLong_FromUnsignedLong(le32(p + 8)),
+        PyLong_FromUnsignedLong((unsigned long)p[12] | (unsigned long)p[13] << 8),
+        PyLong_FromUnsignedLongLong(le64(p + 16)), PyLong_FromLongLong((long long)le64(p + 24)),
+        PyLong_FromUnsignedLong(le32(p + 32)),
+    };
+    PyObject *item = NULL;
+    int made = 1;
+    for (int i = 0; i < HEADER_FIELDS; i++)
+        made = made && values[i] != NULL;
+    PyObject *header = made ? header_object(values) : NULL;
+    const unsigned char *payload = p + BATCH_HEADER_SIZE + (linked ? LINK_SIZE : 0);
+    PyObject *data = header == NULL ? NULL : PyBytes_FromStringAndSize((const char *)payload, raw);
+    PyObject *link = data == NULL ? NULL
+                   : linked ? PyBytes_FromStringAndSize((const char *)p + BATCH_HEADER_SIZE, LINK_SIZE)
+                   : Py_NewRef(Py_None);
+    PyObject *at = link == NULL ? NULL : PyLong_FromSsize_t(end);
+    if (at != NULL)
+        item = PyTuple_Pack(5, at, header, data, link, digest != NULL ? digest : Py_None);
+    for (int i = 0; i < HEADER_FIELDS; i++)
+        Py_XDECREF(values[i]);
+    Py_XDECREF(header);
+    Py_XDECREF(data);
+    Py_XDECREF(link);
+    Py_XDECREF(at);
+    return item;
+}
+
+PyDoc_STRVAR(checked_batches_doc,
+"checked_batches(window, base, pos, stop, size, link, chained, under, budget, header_class)\n"
+"-> [(end, header, payload, link, hash), ...]\n\n"
+"The run of batches from offset ``pos`` of a segment of ``size`` bytes, of which\n"
+"``window`` holds the bytes from offset ``base`` on, that check out: each starts before\n"
+"``stop``, ends in the window, is smaller than ``under`` bytes, is uncompressed, clear and\n"
+"shares no values, passes every check of its header and payload, and carries a link if and\n"
+"only if ``chained``, equal to ``link`` (None: any) or to the hash of the batch before it. The run\n"
+"ends at the first batch that does not, or once it holds ``budget`` bytes. ``header`` is a\n"
+"``header_class`` of the header's fields, ``payload`` the bytes after the link, ``link`` the\n"
+"link (None if none), ``hash`` the SHA-256 of the whole batch (None if unlinked).");
+
+static PyObject *
+checked_batches(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t base, pos, stop, size, under, budget;
+    PyObject *link_obj, *cls;
+    int chained;
+    if (!PyArg_ParseTuple(args, "y*nnnnOpnnO:checked_batches", &view, &base, &pos, &stop, &size, &link_obj,
+                          &chained, &under, &budget, &cls))
+        return NULL;
+    PyObject *run = NULL;
+    if (runs_ready() < 0 || header_class_is(cls) < 0 || (run = PyList_New(0)) == NULL)
+        goto done;
+    const unsigned char *expect = NULL;
+    if (link_obj != Py_None) {
+        if (!PyBytes_Check(link_obj) || PyBytes_GET_SIZE(link_obj) != LINK_SIZE)
+            goto done;
+        expect = (const unsigned char *)PyBytes_AS_STRING(link_obj);
+    }
+    const unsigned char *data = (const unsigned char *)view.buf;
+    Py_ssize_t limit = base + view.len < size ? base + view.len : size;
+    Py_ssize_t held = 0;
+    while (pos < stop && held < budget && pos >= base && pos <= limit - BATCH_HEADER_SIZE) {
+        const unsigned char *p = data + (pos - base);
+        uint32_t stored = le32(p), raw = le32(p + 4), count = le32(p + 8);
+        unsigned flags = (unsigned)p[12] | (unsigned)p[13] << 8;
+        int linked = (flags & FLAG_LINKED) != 0;
+        uint32_t link_len = linked ? LINK_SIZE : 0;
+        if (p[14] != 'P' || p[15] != 'B' || flags & ~KNOWN_FLAGS
+            || flags & (COMPRESSION_MASK | FLAG_ENCRYPTED | FLAG_SHARED) || linked != chained
+            || stored > MAX_BATCH_BYTES || raw > MAX_BATCH_BYTES || stored < link_len || stored - link_len != raw
+            || count > (raw > 1 ? raw : 1) || (count == 0 && raw != 0))
+            break;
+        Py_ssize_t end = pos + BATCH_HEADER_SIZE + (Py_ssize_t)stored;
+        if (end > limit || end - pos >= under
+            || (linked && expect != NULL && memcmp(p + BATCH_HEADER_SIZE, expect, LINK_SIZE) != 0))
+            break;
+        long long crc = crc_of(p, BATCH_HEADER_BODY);
+        if (crc < 0)
+            goto fail;
+        if ((uint32_t)crc != le32(p + BATCH_HEADER_BODY))
+            break;
+        if ((crc = crc_of(p + BATCH_HEADER_SIZE, (Py_ssize_t)stored)) < 0)
+            goto fail;
+        if ((uint32_t)crc != le32(p + 32))
+            break;
+        PyObject *digest = NULL;
+        if (linked && (digest = sha256_of(p, end - pos)) == NULL)
+            goto fail;
+        PyObject *item = run_item(p, end, raw, linked, digest);
+        Py_XDECREF(digest); /* the item holds it, and the run the item */
+        if (item == NULL || PyList_Append(run, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        if (linked)
+            expect = (const unsigned char *)PyBytes_AS_STRING(digest);
+        held += end - pos;
+        pos = end;
+    }
+    goto done;
+fail:
+    Py_CLEAR(run);
+done:
+    PyBuffer_Release(&view);
+    return run;
+}
+
 static PyMethodDef methods[] = {
     {"records", records, METH_VARARGS, records_doc},
     {"nesting_depth", (PyCFunction)(void (*)(void))nesting_depth, METH_FASTCALL, nesting_depth_doc},
@@ -2067,6 +2363,7 @@ static PyMethodDef methods[] = {
     {"encode_subset", (PyCFunction)(void (*)(void))encode_subset, METH_FASTCALL, encode_subset_doc},
     {"record_bounds", record_bounds, METH_VARARGS, record_bounds_doc},
     {"decode_slice", decode_slice, METH_VARARGS, decode_slice_doc},
+    {"checked_batches", checked_batches, METH_VARARGS, checked_batches_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,14 +19,16 @@ from destinations import Destination, open_destination, subdirectories
 
 from .._errors import CorruptLogError, DestinationError, KeyUnavailableError, LogNotFoundError, MissingDependencyError
 from .._format import constants as F
-from .._format.chain import hash_soon
+from .._format.chain import OFFLOAD_BYTES, hash_soon
 from .._format.crypt import OPAQUE, Keyring
 from .._format.decoder import (
     BatchHeader,
+    CheckedBatch,
     Damage,
     RecordKinds,
     RecordSlices,
     check_payload,
+    checked_run,
     key_id_of,
     control_records,
     parse_batch_header,
@@ -738,49 +740,66 @@ class LogScanner:
         st.position = (number, pos)
         size = seg.size
         values = self.values
+        stop = self.stop_at[1] if self.stop_at is not None and self.stop_at[0] == number else size
+        # The batches ahead that the decoder checked in C in one call (checked_run),
+        # and how many of them were taken. The first batch it does not vouch for is read
+        # here one check at a time, and the next run starts after it.
+        run: list[CheckedBatch] = []
+        taken = 0
         while pos < size:
             if self.stop_at is not None and (number, pos) >= self.stop_at:
                 return
             end = size
+            link: bytes | None
+            digest: bytes | Future[bytes] | None
+            controls: list[dict[str, Any]] | None
             try:
-                head_bytes = seg.get(pos, F.BATCH_HEADER_SIZE)
-                header = parse_batch_header(head_bytes, pos)
-                end = pos + header.size
-                if end > size:
-                    raise Damage(
-                        f"batch of {header.size} bytes runs past the end of the segment ({size} bytes)",
-                        pos,
-                        torn_shape=True,
-                    )
-                link: bytes | None
-                parts: tuple[bytes, ...]
-                if header.linked and not header.flags & F.FLAG_ENCRYPTED:
-                    # The link read apart from what follows it: cutting it off would copy the
-                    # payload. (An encrypted batch is opened whole: its link is in the AAD.)
-                    link = seg.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE)
-                    stored = seg.get(pos + F.BATCH_HEADER_SIZE + F.LINK_SIZE, max(0, header.stored_len - F.LINK_SIZE))
-                    apart, parts = link, (head_bytes, link, stored)
+                if taken == len(run) and not isinstance(self._link, Future):
+                    run = checked_run(seg.buf, seg.base, pos, stop, size, self._link, st.chained, OFFLOAD_BYTES)
+                    taken = 0
+                if taken < len(run):
+                    # Checked in C: what is left is what follows the checks.
+                    end, header, raw, link, digest = run[taken]
+                    taken += 1
+                    stored, vouched = raw, True
+                    if values.at is not None:
+                        values.reading(self.seq, number, pos)
                 else:
-                    stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
-                    link = stored[: F.LINK_SIZE] if header.linked else None
-                    apart, parts = None, (head_bytes, stored)
-                # A big batch is hashed on another thread while this one checks and decodes it.
-                digest = hash_soon(*parts) if header.linked else None
-                shared = header.flags & F.FLAG_SHARED
-                if shared:
-                    if st.version is not None and st.version < F.SHARED_VERSION:
-                        raise Damage(f"batch shares values in a segment of format version {st.version}", pos)
-                    if values.at is None and self.keys is not OPAQUE:
-                        values = self._prime(number, pos)
-                if values.at is not None:
-                    values.reading(self.seq, number, pos)
-                raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, apart)
-                if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
-                    values.lost()  # its definitions stayed shut: the table ends here
-                if header.kind == F.KIND_CONTROL:
-                    controls: list[dict[str, Any]] | None = control_records(header, raw, pos)
-                else:
-                    controls = None
+                    vouched = False
+                    head_bytes = seg.get(pos, F.BATCH_HEADER_SIZE)
+                    header = parse_batch_header(head_bytes, pos)
+                    end = pos + header.size
+                    if end > size:
+                        raise Damage(
+                            f"batch of {header.size} bytes runs past the end of the segment ({size} bytes)",
+                            pos,
+                            torn_shape=True,
+                        )
+                    parts: tuple[bytes, ...]
+                    if header.linked and not header.flags & F.FLAG_ENCRYPTED:
+                        # The link read apart from what follows it: cutting it off would copy the
+                        # payload. (An encrypted batch is opened whole: its link is in the AAD.)
+                        link = seg.get(pos + F.BATCH_HEADER_SIZE, F.LINK_SIZE)
+                        stored = seg.get(pos + F.BATCH_HEADER_SIZE + F.LINK_SIZE, max(0, header.stored_len - F.LINK_SIZE))
+                        apart, parts = link, (head_bytes, link, stored)
+                    else:
+                        stored = seg.get(pos + F.BATCH_HEADER_SIZE, header.stored_len)
+                        link = stored[: F.LINK_SIZE] if header.linked else None
+                        apart, parts = None, (head_bytes, stored)
+                    # A big batch is hashed on another thread while this one checks and decodes it.
+                    digest = hash_soon(*parts) if header.linked else None
+                    shared = header.flags & F.FLAG_SHARED
+                    if shared:
+                        if st.version is not None and st.version < F.SHARED_VERSION:
+                            raise Damage(f"batch shares values in a segment of format version {st.version}", pos)
+                        if values.at is None and self.keys is not OPAQUE:
+                            values = self._prime(number, pos)
+                    if values.at is not None:
+                        values.reading(self.seq, number, pos)
+                    raw = check_payload(header, stored, pos, self.keys, values if values.at is not None else None, apart)
+                    if shared and self.keys is OPAQUE and header.flags & F.FLAG_ENCRYPTED:
+                        values.lost()  # its definitions stayed shut: the table ends here
+                controls = control_records(header, raw, pos) if header.flags & F.KIND_MASK == F.KIND_CONTROL else None
             except MissingDependencyError as e:
                 raise MissingDependencyError(
                     f"{self.dest.url} log {self.seq} segment {name}: {e}", package=e.package, extra=e.extra
@@ -813,12 +832,16 @@ class LogScanner:
                 # the next intact batch instead of reporting the same damage twice.
                 next_lsn = None
                 self._link = None
+                run, taken = [], 0
                 continue
             if next_lsn is not None and header.first_lsn != next_lsn:
                 self._corrupt(f"batch starts at LSN {header.first_lsn}, expected {next_lsn}", name, pos)
             next_lsn = header.first_lsn + header.lsn_count
             st.next_lsn = next_lsn
-            if header.linked or st.chained:
+            if vouched and controls is None and pos != F.SEGMENT_HEADER_SIZE:
+                if st.chained:  # its link was checked in the run
+                    self._chain_moves(digest, name, pos)
+            elif header.linked or st.chained:
                 self._check_link(header, link, digest, controls, name, pos)
             if header.flags & F.FLAG_ENCRYPTED:
                 st.encrypted += 1
@@ -916,8 +939,13 @@ class LogScanner:
                 c.get("head") != link or c.get("seq") != self.seq or c.get("lsn") != header.first_lsn
             ):
                 self._corrupt("the checkpoint names another log, LSN or chain head than where it stands", name, pos)
+        self._chain_moves(digest, name, pos)
+
+    def _chain_moves(self, digest: bytes | Future[bytes] | None, name: str, pos: int) -> None:
+        """The chain moves past the batch at ``pos``, whose link checked out: the next batch
+        must link to ``digest``, its hash."""
         self._link = digest
-        st.move_head(self._link)
+        self.state.move_head(digest)
         self._linked_from = (name, pos)
 
     def _next_link(self) -> bytes | None:

@@ -35,6 +35,9 @@ from persistlog._format import constants as F
 from persistlog._format.crypt import Keyring
 from persistlog._read.reader import LogScanner, list_logs
 
+# Every case reads with the decoder's batch checks in C and with the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
+
 GOLDEN_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "golden")
 UPDATE = os.environ.get("PERSISTLOG_UPDATE_GOLDEN") == "1"
 

@@ -30,6 +30,9 @@ from persistlog._format import chain
 from persistlog._format import constants as F
 from persistlog.cli import main
 
+# Every case reads with the decoder's batch checks in C and with the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
+
 
 def cli(*argv: str) -> tuple[int, str]:
     """``persistlog ARGV`` in this process: (exit status, what it printed)."""

@@ -17,6 +17,9 @@ from kv_app import apply
 from follower_harness import Writer
 from destinations import open_destination
 
+# Every case reads with the decoder's batch checks in C and with the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
+
 
 BATCH_HEADER = 40
 

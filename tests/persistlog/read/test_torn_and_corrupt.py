@@ -20,6 +20,9 @@ import persistlog
 from persistlog._format import decoder, encoder
 from persistlog._format import constants as F
 
+# Every case reads with the decoder's batch checks in C and with the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
+
 BIG = "v" * 150  # a last batch long enough to cut at many offsets
 
 
