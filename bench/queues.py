@@ -216,13 +216,13 @@ def memory_child(root: str, n: int, per_queue: int) -> dict[str, Any]:
     full = tracemalloc.take_snapshot()
     tracemalloc.stop()
 
-    queue_files = ("_apps/queue.py", "_read/record_reader.py")
+    queue_files = ("_apps/message_queue.py", "_read/record_reader.py")
 
     def split(snapshot: tracemalloc.Snapshot) -> tuple[int, int]:
         """(the Logs' bytes, the queues' bytes): an allocation is the Log's under
         ``persistlog.open`` or when the innermost persistlog module on its stack is not
         the queue's (a ``Log.update`` a ``send`` makes); the queue's when that module is
-        ``_apps/queue.py`` or ``_read/record_reader.py`` (the destination its reader reads through
+        ``_apps/message_queue.py`` or ``_read/record_reader.py`` (the destination its reader reads through
         included); the log set's own bookkeeping is neither."""
         log_bytes = queue_bytes = 0
         for stat in snapshot.statistics("traceback"):

@@ -15,7 +15,7 @@ from ._aio.async_log import AsyncLog, open_async, restore_async
 from ._api import OpenOptions, StoreOptions, restore
 from ._api import open_log as open
 from ._apps.log_set import LogSet, LogSetOptions
-from ._apps.queue import Message, Queue
+from ._apps.message_queue import Message, Queue
 from ._apps.store import ResourceStore
 from ._errors import (
     CodecError,
@@ -43,7 +43,7 @@ from ._format.constants import WRITTEN_VERSION as FORMAT_VERSION
 from ._read.consumers import Consumer, ConsumerGroup, consumers
 from ._read.cursor import Cursor
 from ._read.follower import FollowedBatch, Follower, Lag, follow
-from ._read.range import LoggedRecord, read
+from ._read.records_between import LoggedRecord, read
 from ._read.reader import TornTail
 from ._read.restore import RestoreResult
 from ._version import package_version

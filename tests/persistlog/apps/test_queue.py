@@ -412,9 +412,9 @@ def test_a_restart_past_the_kept_bytes_reads_the_rest_back(tmp_path: Path, monke
     """Past KEEP_REPLAYED_BYTES of bodies the restore keeps no more; the open's enumeration
     reads those back by position. Acknowledged ones free their room as the replay meets
     the acks, so later bodies are kept in their place."""
-    from persistlog._apps import queue
+    from persistlog._apps import message_queue
 
-    monkeypatch.setattr(queue, "KEEP_REPLAYED_BYTES", 100_000)
+    monkeypatch.setattr(message_queue, "KEEP_REPLAYED_BYTES", 100_000)
     url = str(tmp_path / "q")
     with persistlog.Queue.open(url) as q:
         sent = [q.send(bytes([i]) * 40_000) for i in range(3)]
