@@ -254,9 +254,12 @@ class Runtime:
     def _place(self, job: Job, when: float) -> None:
         """Put ``job`` on the heap at ``when``, or in the ready queue if due. Holds ``_mutex``."""
         if when <= time.monotonic():
+            # In this order: an app thread interrupted between the two steps leaves the job
+            # in the ready queue, not marked queued (asked for again, it may be there twice:
+            # see _take), never marked queued but out of the queue, which no run would end.
             job._due = None
-            job._queued = True
             self._ready.append(job)
+            job._queued = True
             self._work_cv.notify()
             return
         if job._due is not None and job._due <= when:
@@ -300,10 +303,19 @@ class Runtime:
 
     def _take(self) -> Job | None:
         """The first ready job a worker may run now (long ones only under the limit)."""
-        for job in self._ready:
+        ready = self._ready
+        n = 0
+        while n < len(ready):
+            job = ready[n]
+            if job._runner is not None or job._cancelled:
+                # A second entry for a job under way, which an interrupted _place left (the
+                # run under way started after it was asked for), or an interrupted cancel's.
+                del ready[n]
+                continue
             if not job.long or self._long_running < self.max_long:
-                self._ready.remove(job)
+                del ready[n]
                 return job
+            n += 1
         return None
 
     def _work(self) -> None:

@@ -192,7 +192,7 @@ class AsyncLog:
 
         rotator = self._parts.rotator
         while rotator.gated:
-            hold, mine = rotator.claim_quiet_point()
+            hold, mine = rotator.claim_quiet_point(by_thread=False)
             if hold is None:
                 return
             if mine:

@@ -127,7 +127,9 @@ class Hold:
     ``Rotator._mutex``); asyncio tasks await ``released``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, claimer: int | None = None) -> None:
+        #: The thread (ident) that claimed these updates' quiet point, if a thread did.
+        self.claimer = claimer
         self._lock = threading.Lock()
         self._lock.acquire()
         self.released: Future[None] = Future()
@@ -287,8 +289,10 @@ class Rotator:
             return
         with self._mutex:
             if not self._stop:
-                self._due = True
+                # Gated first: the quiet point looks at `gated`, and finds the rotation due
+                # or not; due but not gated, no call would ever start it.
                 self.gated = True
+                self._due = True
 
     def request(self, coalesce: bool = True, hold: Hold | None = None) -> Future[int]:
         """Ask for a rotation; a trigger joins a request not yet started. With ``hold``,
@@ -308,6 +312,9 @@ class Rotator:
             # (Only the head can be running or done: it is while `rotating`.)
             if coalesce and self._queue and not (len(self._queue) == 1 and self.rotating):
                 return self._queue[-1]
+            # The job is asked for first: an app thread interrupted after it leaves a run
+            # that finds nothing to do, never a request queued that no run serves.
+            self._run_job()
             fut = Future()
             if self._requests is None:
                 self._requests = {}
@@ -317,7 +324,6 @@ class Rotator:
                 self._due = False
                 self.gated = True
             self._queue.append(fut)
-            self._run_job()
             return fut
 
     def _run_job(self) -> None:
@@ -327,6 +333,13 @@ class Rotator:
             job = self._job = self._runtime.job(
                 weak_method(self._serve), "persistlog-rotation", self._writer.dest.url, long=True)
         job.run_soon()
+
+    def _serve_queued(self) -> None:
+        """Have the job serve the queued rotations, if none runs: for the writers a fired
+        trigger holds, whatever an interruption cut short on an app thread."""
+        with self._mutex:
+            if self._queue and not self.rotating and not self._stop and self._here is None:
+                self._run_job()
 
     def rotate_here(self) -> int:
         """Rotate on the calling thread, retention included, and return the new log's seq
@@ -348,7 +361,7 @@ class Rotator:
             # Not first in the queue: wait for the rotation job like any other request.
             return self.wait(self.request(coalesce=False))
         try:
-            self._serve_head()
+            self._serve_head(here=True)
         finally:
             with self._mutex:
                 self._here = None
@@ -359,17 +372,24 @@ class Rotator:
 
     # -- the quiet point ----------------------------------------------------------------
 
-    def claim_quiet_point(self) -> tuple[Hold | None, bool]:
+    def claim_quiet_point(self, by_thread: bool = True) -> tuple[Hold | None, bool]:
         """At an app's call while ``gated``: the hold to wait for, and whether this caller
         must start the rotation (it was due and nobody holds the updates yet). A claimed
-        hold holds updates at once; pass it to :meth:`request` (or :meth:`give_up`)."""
+        hold holds updates at once; pass it to :meth:`request` (or :meth:`give_up`).
+
+        A thread's claim is its thread's until requested: an interruption after the claim
+        and before the caller knew of it leaves the hold to the thread's next call, which
+        starts the rotation (``by_thread=False``: an asyncio task's, on a loop's thread)."""
         with self._mutex:
-            if self._hold is not None:
-                return self._hold, False
+            hold = self._hold
+            if hold is not None:
+                mine = by_thread and hold.claimer == threading.get_ident() and not self._requested(hold)
+                return hold, mine
             if self._due and not self._stop and not self.in_rotation():
+                hold = Hold(threading.get_ident() if by_thread else None)
+                self._hold = hold
                 self._due = False
-                self._hold = Hold()
-                return self._hold, True
+                return hold, True
             self._due = False
             self.gated = False
             return None, False
@@ -382,10 +402,24 @@ class Rotator:
             self.gated = True
             return hold
 
+    def _requested(self, hold: Hold) -> bool:
+        """Whether a queued rotation holds ``hold`` (holds ``_mutex``)."""
+        requests = self._requests
+        if requests is None:
+            return False
+        for fut in self._queue:
+            request = requests.get(fut)
+            if request is not None and request.hold is hold:
+                return True
+        return False
+
     def give_up(self, hold: Hold) -> None:
         """A claimed hold whose rotation was not requested (its caller was interrupted):
-        the rotation is due again and the updates go on."""
+        the rotation is due again and the updates go on. One the request queued before
+        the interruption stays, for that rotation to release."""
         with self._mutex:
+            if self._requested(hold):
+                return
             if self._hold is hold:
                 self._hold = None
                 self._due = not self._stop
@@ -499,6 +533,8 @@ class Rotator:
             # it. (One only deleting old logs has a complete log already: queue the next.)
             buffer.cut_batches_at(None)
             self._arm_records(records_due)
+            if self._queue and not self.rotating:
+                self._serve_queued()
             return
         log_bytes = sw.bytes_written - self._snapshot_bytes
         if records_due or (self.rotate_bytes is not None and log_bytes >= self.rotate_bytes):
@@ -580,11 +616,12 @@ class Rotator:
                 self._job = None
             return None
 
-    def _serve_head(self) -> bool:
+    def _serve_head(self, here: bool = False) -> bool:
         """Run the rotation at the head of the queue on this thread; False if there is
-        none, or if another thread runs it (:meth:`rotate_here`, which runs the job after)."""
+        none, or if another thread runs it (:meth:`rotate_here`, which runs the job after:
+        ``here`` is its call)."""
         with self._mutex:
-            if not self._queue or self.rotating:
+            if not self._queue or self.rotating or (self._here is not None and not here):
                 return False
             fut = self._queue[0]
             self.rotating = True
