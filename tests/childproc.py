@@ -42,3 +42,37 @@ def run_json(code: str, *args: str, hide: Sequence[str] = ()) -> dict[str, Any]:
     assert proc.returncode == 0, f"child exited with {proc.returncode}: {proc.stderr[-2000:]}"
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+class StdoutLines:
+    """A child's stdout read line by line, then to its end with ``communicate``.
+
+    ``Popen.communicate`` reads the pipe itself, past the buffer of ``proc.stdout``: lines
+    that a ``proc.stdout.readline()`` read ahead would be missing from its output. These
+    lines come straight from the pipe, and what was read past the last one returned is
+    given back by :meth:`communicate`.
+    """
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self._fd = proc.stdout.fileno()
+        self._pending = b""
+
+    def readline(self) -> str:
+        """The next line, with its newline ("" at the end of the output)."""
+        while b"\n" not in self._pending:
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                line, self._pending = self._pending, b""
+                return line.decode()
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line.decode() + "\n"
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        """The rest of stdout (what was read ahead first) and all of stderr, once the child
+        exits."""
+        out, err = self.proc.communicate(timeout=timeout)
+        rest, self._pending = self._pending.decode() + (out or ""), b""
+        return rest, err or ""

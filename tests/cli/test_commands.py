@@ -14,6 +14,7 @@ from pathlib import Path
 
 import persistlog
 import pytest
+from childproc import StdoutLines
 from cli_logs import (
     batches,
     cli,
@@ -341,11 +342,11 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
             lg.sync()
         finally:
             lg.close()
-        assert proc.stdout is not None
+        stdout = StdoutLines(proc)
         deadline = time.monotonic() + 20
         seen = None
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()
+            line = stdout.readline()
             if not line:
                 break
             row = json.loads(line)
@@ -354,7 +355,7 @@ def test_tail_follow_prints_new_records_until_interrupted(logdir: str) -> None:
                 break
         assert seen is not None and seen["record"] == {"op": "put", "key": "arrived", "value": "later"}
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=20)
+        rest, err = stdout.communicate(timeout=20)
         assert proc.returncode == 130
         # The stop message names the last line written and its cursor, and says a consumer
         # resumes from the cursor of the last line it finished instead.

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from childproc import StdoutLines
 from cli_logs import batches, cli
 
 import persistlog
@@ -138,13 +139,13 @@ def test_the_stop_message_names_the_last_line_written_and_what_it_means(logdir: 
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        assert proc.stdout is not None
+        stdout = StdoutLines(proc)
         deadline = time.monotonic() + 20
         lines: list[str] = []
         while time.monotonic() < deadline and len(lines) < 5:
-            lines.append(proc.stdout.readline())
+            lines.append(stdout.readline())
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=20)
+        rest, err = stdout.communicate(timeout=20)
     finally:
         if proc.poll() is None:
             proc.kill()
