@@ -26,13 +26,14 @@ kept for after the run). Jobs hold what they work on weakly (:func:`weak_method`
 nobody holds is collected, and sealed by ``_write.at_exit``, while its jobs wait on the heap.
 
 Locks. One plain lock, ``Runtime._mutex``, guards the heap, the ready queue and every
-job's state; two conditions over it put the timer thread and the workers to sleep. It is
-a leaf: nothing else is taken while it is held, and no job runs under it. App threads take
-it (a flush armed by ``update()``, a rotation requested by ``rotate()``) only with
-``with``, never to wait on a condition: ``Condition.wait`` and its ``__enter__`` are
-Python code that a ``KeyboardInterrupt`` can cut at the wrong instruction. They do
-``notify``, which an interruption can cut too, losing that wake-up: so the runtime's own
-waits last ``_MAX_WAIT`` seconds at most, and a lost wake-up costs that much at most.
+job's state. It is a leaf: nothing else is taken while it is held, and no job runs under
+it. App threads take it (a flush armed by ``update()``, a rotation requested by
+``rotate()``) only with ``with``. The timer thread and the workers sleep, with the lock let
+go, on a ``queue.SimpleQueue`` of wake-up tokens each, not on a ``Condition``: a token is
+put in one C call, which a ``KeyboardInterrupt`` on an app thread cannot cut in two (a
+``Condition``'s ``notify`` and ``__enter__`` are Python code it can cut at the wrong
+instruction, losing a wake-up or leaving its lock held), and a token put before its
+sleeper sleeps wakes it at once. Their sleeps last ``_MAX_WAIT`` seconds at most.
 :meth:`Job.wait_idle` waits on a plain lock made for each run, released by the worker when
 the run ends; an interrupted waiter can hold on to nothing that a later run needs.
 """
@@ -43,6 +44,7 @@ import heapq
 import itertools
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -62,8 +64,7 @@ MIN_WORKERS = 2
 # Seconds between two reads of the signal flags, while a signal trigger is installed: how
 # late a signalled rotation may be made due.
 SIGNAL_POLL = 0.1
-# The longest any runtime thread sleeps without looking around: a wake-up lost to an
-# interruption (see the module's docstring) costs this much at most.
+# The longest any runtime thread sleeps without looking around.
 _MAX_WAIT = 30.0
 
 def workers_from_env() -> int:
@@ -184,8 +185,9 @@ class Runtime:
         self.workers = workers
         self.max_long = workers - 1
         self._mutex = threading.Lock()
-        self._timer_cv = threading.Condition(self._mutex)
-        self._work_cv = threading.Condition(self._mutex)
+        # Wake-ups, one token each: a put is one C call, which no interruption cuts in two.
+        self._timer_wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._work_wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._heap: list[tuple[float, int, Job]] = []
         self._order = itertools.count()
         self._ready: deque[Job] = deque()
@@ -244,7 +246,7 @@ class Runtime:
         with self._mutex:
             key = next(self._watch_ids)
             self._watches[key] = (flag, job)
-            self._timer_cv.notify()
+            self._timer_wake.put(None)
             return key
 
     def unwatch(self, key: int) -> None:
@@ -260,14 +262,14 @@ class Runtime:
             job._due = None
             self._ready.append(job)
             job._queued = True
-            self._work_cv.notify()
+            self._work_wake.put(None)
             return
         if job._due is not None and job._due <= when:
             return
         job._due = when  # an entry at a later time stays on the heap, stale
         heapq.heappush(self._heap, (when, next(self._order), job))
         if self._sleeping_until is None or when < self._sleeping_until:
-            self._timer_cv.notify()
+            self._timer_wake.put(None)
 
     # -- the timer thread ------------------------------------------------------------------
 
@@ -282,13 +284,18 @@ class Runtime:
                         job._due = None
                         job._queued = True
                         self._ready.append(job)
-                        self._work_cv.notify()
+                        self._work_wake.put(None)
                 wait = heap[0][0] - now if heap else _MAX_WAIT
                 if self._watches:
                     wait = min(wait, SIGNAL_POLL)
                 wait = min(wait, _MAX_WAIT)
                 self._sleeping_until = now + wait
-                self._timer_cv.wait(wait)
+            # A token put after the lock was let go wakes this at once: none is lost.
+            try:
+                self._timer_wake.get(timeout=wait)
+            except queue.Empty:
+                pass
+            with self._mutex:
                 self._sleeping_until = None
                 self.timer_wakeups += 1
                 watches = list(self._watches.values())
@@ -323,15 +330,20 @@ class Runtime:
         while True:
             with self._mutex:
                 job = self._take()
-                while job is None:
-                    self._work_cv.wait(_MAX_WAIT)
-                    job = self._take()
-                job._queued = False
-                job._runner = me
-                done = job._done = threading.Lock()
-                done.acquire()
-                if job.long:
-                    self._long_running += 1
+                if job is not None:
+                    job._queued = False
+                    job._runner = me
+                    done = job._done = threading.Lock()
+                    done.acquire()
+                    if job.long:
+                        self._long_running += 1
+            if job is None:
+                # A token put after the lock was let go wakes this at once: none is lost.
+                try:
+                    self._work_wake.get(timeout=_MAX_WAIT)
+                except queue.Empty:
+                    pass
+                continue
             nxt: float | None = None
             try:
                 nxt = job._fn()
@@ -346,7 +358,7 @@ class Runtime:
                 if job.long:
                     self._long_running -= 1
                     if self._ready:
-                        self._work_cv.notify()  # a long job may have waited for this slot
+                        self._work_wake.put(None)  # a long job may have waited for this slot
                 asked, job._asked = job._asked, None
                 if asked is not None and (nxt is None or asked < nxt):
                     nxt = asked
@@ -360,8 +372,8 @@ class Runtime:
     def _forked(self) -> None:
         """In a forked child: this copy's threads are gone; schedule nothing from now on."""
         self._mutex = threading.Lock()
-        self._timer_cv = threading.Condition(self._mutex)
-        self._work_cv = threading.Condition(self._mutex)
+        self._timer_wake = queue.SimpleQueue()
+        self._work_wake = queue.SimpleQueue()
         self._dead = True
         self._heap.clear()
         self._ready.clear()

@@ -545,7 +545,11 @@ class Rotator:
                 return
             # Set before the request: the rotation job may switch before it returns.
             writer.hold_writers_for_switch()
-            self.request()
+            try:
+                self.request()
+            except BaseException:
+                self._switched()  # interrupted: no writer waits for a switch maybe never asked for
+                raise
             if self._stop:  # refused: the log is closing
                 self._switched()
             return

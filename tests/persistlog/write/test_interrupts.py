@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import inspect
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -360,36 +357,23 @@ def test_an_interruption_right_after_a_control_batch_keeps_the_chain(
     _check_restored(secondary, acked["n"])
 
 
-def _trigger_code() -> set[Any]:
-    """The code a fired size or count trigger runs on the app's thread to get its rotation
-    going: the rotator's request and the runtime's scheduling."""
-    from persistlog._runtime import Job, Runtime
-    from persistlog._write.batch_writer import BatchWriter
-    from persistlog._write.rotation import Rotator
+def _write_path_files() -> tuple[str, ...]:
+    """Where the code a Log's calls run on the app's thread lives: the writer, the runtime
+    and the destinations."""
+    import destinations
 
-    fns = [Rotator.check_triggers, Rotator.trigger, Rotator.request, Rotator._run_job, Rotator._serve_queued,
-           Rotator.pass_gate, Rotator.claim_quiet_point, Rotator.give_up, Job.run_soon, Runtime.schedule,
-           Runtime._place, BatchWriter.hold_writers_for_switch]
-    return {fn.__code__ for fn in fns}
+    package = Path(persistlog.__file__).parent
+    return (str(package / "_write") + os.sep, str(package / "_runtime.py"), str(Path(destinations.__file__).parent) + os.sep)
 
 
-def _with_lines(code: set[Any]) -> set[tuple[Any, int]]:
-    """The lines of ``with`` statements in ``code``: a tracer's line event there comes
-    before ``__enter__`` or before ``__exit__``, outside the block's cleanup, where no
-    signal handler runs (CPython runs one after a call returns, inside the block)."""
-    lines = set()
-    for c in code:
-        source, start = inspect.getsourcelines(c)
-        tree = ast.parse(textwrap.dedent("".join(source)))
-        lines |= {(c, start + node.lineno - 1) for node in ast.walk(tree) if isinstance(node, ast.With)}
-    return lines
-
-
-def _rotates_after_an_interruption_at_line(tmp_path: Path, concurrent: bool, nth: int | None) -> tuple[int, int]:
-    """Log 12 records with a count trigger of 4, and a KeyboardInterrupt at the ``nth`` line
-    the app's thread runs in the trigger's code (None: none), retried as an app would.
-    Returns (lines run there, interruptions); asserts that every trigger's rotation ran
-    and no update waited for one."""
+def _interrupted_at_point(tmp_path: Path, durability: str, concurrent: bool, nth: int | None) -> tuple[int, int, str]:
+    """Log 12 records with a count trigger of 4 (a ``sync()`` and a ``rotate()`` among
+    them, segments of 4 KiB), then close, with a KeyboardInterrupt at the ``nth`` point
+    where CPython can run a signal handler on the app's thread in the write path (None:
+    none): the entry of one of its Python functions, or the return of a C call it makes.
+    Each call is retried as an app would. Returns (points passed, interruptions, the
+    point interrupted); asserts that no call waited for a timeout and that the restore
+    holds every update acknowledged, once each (an interrupted one at most twice)."""
     url = str(tmp_path / f"log-{nth}")
     acked = {"n": 0}
     # Held while a record is logged and counted, and while emitting: the concurrent
@@ -400,68 +384,77 @@ def _rotates_after_an_interruption_at_line(tmp_path: Path, concurrent: bool, nth
         with app_lock:
             emit({"upto": acked["n"]})
 
-    lg = persistlog.open(url, enumerate_all, durability="flush", rotate_records=4, retain=1,
+    lg = persistlog.open(url, enumerate_all, durability=durability, rotate_records=4, retain=1, segment_bytes=4096,
                          concurrent_enumeration=concurrent, replay=lambda r: None)
-    first_seq = lg.seq
-    code = _trigger_code()
-    skipped = _with_lines(code)
-    lines = {"n": 0}
+    files = _write_path_files()
+    points = {"n": 0}
+    where: list[str] = []
 
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and (frame.f_code, frame.f_lineno) not in skipped:
-            lines["n"] += 1
-            if lines["n"] == nth:
-                raise KeyboardInterrupt(f"at line {frame.f_lineno} of {frame.f_code.co_qualname}")
-        return local
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code in code else None
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        # A signal handler runs where CPython checks for one: as a Python function starts,
+        # and right after a C function returns (the exception then comes from that call).
+        if event in ("call", "c_return") and frame.f_code.co_filename.startswith(files):
+            points["n"] += 1
+            if points["n"] == nth:
+                after = "" if event == "call" else f" after {getattr(arg, '__qualname__', arg)}"
+                where.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}{after}")
+                raise KeyboardInterrupt(where[-1])
 
     interrupts = 0
     slowest = 0.0
-    sys.settrace(tracer)
+
+    def retried(call: Any) -> None:
+        nonlocal interrupts, slowest
+        while True:
+            began = time.monotonic()
+            try:
+                call()
+                return
+            except KeyboardInterrupt:
+                interrupts += 1
+            finally:
+                slowest = max(slowest, time.monotonic() - began)
+
+    def update(i: int) -> None:
+        with app_lock:
+            lg.update({"i": i, "pad": "x" * 300})
+            acked["n"] = i + 1
+
+    sys.setprofile(profile)
     try:
         for i in range(12):
-            while True:
-                began = time.monotonic()
-                try:
-                    with app_lock:
-                        lg.update({"i": i})
-                        acked["n"] = i + 1
-                except KeyboardInterrupt:
-                    interrupts += 1
-                    continue
-                finally:
-                    slowest = max(slowest, time.monotonic() - began)
-                break
+            retried(lambda: update(i))
+            if i == 5:
+                retried(lg.sync)
+            if i == 8:
+                retried(lg.rotate)
+        retried(lg.close)
     finally:
-        sys.settrace(None)
-    # The triggers' rotations run (a due one starts at the next update).
-    deadline = time.monotonic() + 10
-    while lg.seq < first_seq + 3 and time.monotonic() < deadline:
-        with app_lock:
-            lg.update({"i": acked["n"]})
-            acked["n"] += 1
-        time.sleep(0.01)
-    assert lg.seq >= first_seq + 3, (nth, lg.seq, first_seq, lg.stats())
-    assert slowest < 5, (nth, slowest)  # a held update waits for its rotation, not for a timeout
-    lg.close()
+        sys.setprofile(None)
+    point = where[0] if where else ""
+    assert slowest < 5, (point, slowest)  # a held update waits for its rotation, not for a timeout
+    assert lg.seq >= 3, (point, lg.seq)  # the open's log, then the triggers' and rotate()'s
     _check_restored(url, acked["n"])
-    return lines["n"], interrupts
+    return points["n"], interrupts, point
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("concurrent", [True, False], ids=["concurrent", "quiet-point"])
-def test_an_interruption_at_any_line_of_a_trigger_s_request_still_rotates(tmp_path: Path, concurrent: bool) -> None:
-    """A KeyboardInterrupt at each line of what a fired count trigger runs on the app's
-    thread (the rotator's request, the runtime's scheduling of the rotation job, the quiet
-    point's claim): the app's retried update goes through without waiting for a timeout,
-    the rotation runs, and the restore holds every update acknowledged."""
-    lines, interrupts = _rotates_after_an_interruption_at_line(tmp_path, concurrent, None)
-    assert lines >= 30 and interrupts == 0, lines
-    for nth in range(1, lines + 1):
-        _, interrupts = _rotates_after_an_interruption_at_line(tmp_path, concurrent, nth)
-        assert interrupts == 1, nth
+@pytest.mark.parametrize("durability", ["flush", "buffered"])
+def test_an_interruption_at_any_point_of_the_write_path_loses_nothing_and_stalls_nothing(
+        tmp_path: Path, durability: str, concurrent: bool) -> None:
+    """A KeyboardInterrupt at each point where CPython could run Ctrl-C's handler on the
+    app's thread in the write path (``persistlog/_write``, the runtime, the destinations:
+    as each Python function starts, and after each C call returns), through updates, a
+    count trigger's rotations, ``sync()``, ``rotate()`` and ``close()``: the app's retried
+    call goes through without waiting for a timeout, the rotations run, and the restore
+    holds every update acknowledged. (A KeyboardInterrupt between a fired trigger's
+    request and the scheduling of its job once left the log never rotating again.)"""
+    points, interrupts, _ = _interrupted_at_point(tmp_path, durability, concurrent, None)
+    assert points >= 300 and interrupts == 0, points
+    for nth in range(1, points + 1):
+        _, interrupts, point = _interrupted_at_point(tmp_path, durability, concurrent, nth)
+        assert interrupts == 1, (nth, point)
 
 
 def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
