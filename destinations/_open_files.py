@@ -40,14 +40,19 @@ that a reader of a file being appended to reads through the descriptor the cache
 open (:func:`pread_open`), a ``pread`` instead of an ``open``, a ``pread`` and a ``close``.
 
 Lock order: a descriptor's lock, then the cache's lock (held for dictionary updates only).
-Eviction takes other descriptors' locks without waiting (a busy one stays open, the bound
-is then briefly exceeded), so two threads opening files never wait on each other.
+A descriptor makes room in the cache *before* it takes its own lock, so a thread evicting
+others holds no descriptor's lock: it skips a descriptor in use (which then stays open, the
+bound briefly exceeded), and may wait for one that a thread took just after it looked, for
+that one call, never for a thread waiting on it in turn. Every lock is taken with a ``with``
+statement, which a ``KeyboardInterrupt`` cannot cut between the acquisition and the block
+that releases it (an ``acquire`` call returning can be).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import threading
@@ -194,25 +199,19 @@ class OpenFiles:
         """Descriptors open now."""
         return len(self._open)
 
-    def make_room(self, newcomer: AppendDescriptor) -> None:
-        """Close least recently used descriptors until ``newcomer`` fits under the limit."""
-        busy: list[AppendDescriptor] = []
-        try:
-            while True:
-                with self._mutex:
-                    if len(self._open) + len(busy) < self._limit or not self._open:
-                        return
-                    victim, _ = self._open.popitem(last=False)
-                if victim is newcomer:
-                    continue
-                if not victim.evict():
-                    busy.append(victim)  # in use right now: stays open
-        finally:
-            if busy:
-                with self._mutex:
-                    for d in busy:
-                        if d.is_open:  # not closed by its owner meanwhile
-                            self._open[d] = None
+    def make_room(self) -> None:
+        """Close least recently used descriptors until one more fits under the limit
+        (skipping those in use). The caller holds no descriptor's lock."""
+        skipped = 0
+        while True:
+            with self._mutex:
+                if len(self._open) < self._limit + skipped:
+                    return
+                victim = next(itertools.islice(self._open, skipped, None))
+            # A descriptor stays in the cache until it is closed (evict() takes it out), so
+            # an interruption anywhere here leaves every open one counted.
+            if not victim.evict():
+                skipped += 1  # in use right now: stays open
 
     def _live_descriptors(self) -> list[AppendDescriptor]:
         with self._mutex:
@@ -233,16 +232,12 @@ class OpenFiles:
             if self._by_path.get(d.path) is d:
                 del self._by_path[d.path]
 
-    def opened(self, d: AppendDescriptor) -> None:
-        """``d`` opened its descriptor: the most recently used."""
+    def used(self, d: AppendDescriptor) -> None:
+        """``d`` opened its descriptor, or used it: the most recently used. The caller
+        holds ``d``'s lock (which eviction takes before it takes ``d`` out)."""
         with self._mutex:
             self._open[d] = None
-
-    def used(self, d: AppendDescriptor) -> None:
-        """``d`` was used: the most recently used (unless it is being evicted)."""
-        with self._mutex:
-            if d in self._open:
-                self._open.move_to_end(d)
+            self._open.move_to_end(d)
 
     def forget(self, d: AppendDescriptor) -> None:
         """``d`` closed its descriptor itself."""
@@ -312,10 +307,17 @@ class AppendDescriptor:
         self._closed = False
         self._error: OSError | None = None
         self._fs: _FileSystem | None = None
+        self._files.make_room()
         with self._lock:
-            fd = self._descriptor()  # the file must exist now: FileNotFoundError otherwise
-            self._fs = self._files.file_system(fd, path)
-        self._files.joined(self)
+            try:
+                fd = self._descriptor()  # the file must exist now: FileNotFoundError otherwise
+                self._fs = self._files.file_system(fd, path)
+                self._files.joined(self)
+            except BaseException:  # an error, or Ctrl-C: nobody will close it
+                self._closed = True
+                if self._fd is not None:
+                    self._closed_fd(self._fd)
+                raise
 
     def __repr__(self) -> str:
         return f"AppendDescriptor({self.path!r}, open={self._fd is not None})"
@@ -325,8 +327,15 @@ class AppendDescriptor:
         """Whether it holds a descriptor right now."""
         return self._fd is not None
 
+    def _room(self) -> None:
+        """Make room in the cache for this descriptor if it is closed now; called before
+        taking ``_lock`` (see the module docstring's lock order)."""
+        if self._fd is None:
+            self._files.make_room()
+
     def _descriptor(self) -> int:
-        """The open descriptor, opened now if evicted; the caller holds ``_lock``."""
+        """The open descriptor, opened now if evicted; the caller holds ``_lock`` (and made
+        room first: if another thread evicted it since, the bound is briefly exceeded)."""
         if self._closed:
             raise ValueError(f"{self.path} is closed")
         if self._error is not None:
@@ -335,7 +344,6 @@ class AppendDescriptor:
         if fd is not None:
             self._files.used(self)
             return fd
-        self._files.make_room(self)
         try:
             fd = os.open(self.path, _OPEN_FLAGS if self._readable else _WRITE_ONLY_FLAGS)
         except PermissionError:
@@ -344,17 +352,20 @@ class AppendDescriptor:
             fd = os.open(self.path, _WRITE_ONLY_FLAGS)
             self._readable = False
         self._fd = fd
-        self._files.opened(self)
+        self._files.used(self)  # if interrupted before, counted at its next use
         return fd
 
     def fileno(self) -> int:
         """The descriptor open now (opened if it was evicted); the cache may close it
         later, as any other."""
+        self._room()
         with self._lock:
             return self._descriptor()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """One ``write(2)``: how many bytes it took."""
+        if self._fd is None:
+            self._files.make_room()  # _room(), inline: every write of a log comes here
         with self._lock:
             fd = self._descriptor()
             self._dirty = True
@@ -386,6 +397,7 @@ class AppendDescriptor:
             self._error = error
 
     def truncate(self, size: int) -> None:
+        self._room()
         with self._lock:
             os.ftruncate(self._descriptor(), size)
 
@@ -410,12 +422,14 @@ class AppendDescriptor:
 
     def evict(self) -> bool:
         """Close the descriptor for the cache (synced first if written since its last sync);
-        False, doing nothing, while another thread uses it."""
-        if not self._lock.acquire(blocking=False):
+        False, doing nothing, while another thread uses it. The caller holds no
+        descriptor's lock."""
+        if self._lock.locked():
             return False
-        try:
-            fd, self._fd = self._fd, None
+        with self._lock:
+            fd = self._fd
             if fd is None:
+                self._files.forget(self)
                 return True
             try:
                 if self._dirty and self._fs is not None:
@@ -428,20 +442,25 @@ class AppendDescriptor:
                 logger.warning("syncing %s before closing its descriptor failed: %s", self.path, e)
                 self._error = e
             finally:
-                os.close(fd)
+                self._closed_fd(fd)
             return True
+
+    def _closed_fd(self, fd: int) -> None:
+        """Close ``fd`` and take it out of the cache; the caller holds ``_lock``."""
+        try:
+            self._fd = None
+            self._files.forget(self)
         finally:
-            self._lock.release()
+            os.close(fd)
 
     def close(self) -> None:
         """Close for good (no sync: closing promises nothing more); idempotent."""
         with self._lock:
             self._closed = True
             self._files.left(self)
-            fd, self._fd = self._fd, None
+            fd = self._fd
             if fd is not None:
-                self._files.forget(self)
-                os.close(fd)
+                self._closed_fd(fd)
 
 
 def pread_open(path: str, length: int, offset: int) -> bytes | None:
