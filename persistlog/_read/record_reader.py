@@ -22,7 +22,17 @@ from destinations import Destination
 from .._errors import CorruptLogError, DestinationError
 from .._format import constants as F
 from .._format.crypt import Keyring
-from .._format.decoder import Damage, check_payload, parse_batch_header, parse_segment_header, split_records
+from .._format.chain import OFFLOAD_BYTES
+from .._format.decoder import (
+    BatchHeader,
+    CheckedBatch,
+    Damage,
+    check_payload,
+    checked_run,
+    parse_batch_header,
+    parse_segment_header,
+    split_records,
+)
 from .._format.shared_values import ValueTable
 from .reader import Batch, LogScanner, list_logs
 
@@ -53,7 +63,9 @@ class RecordReader:
     Not thread-safe: its owner serialises calls.
     """
 
-    __slots__ = ("dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns", "_keys", "_values")
+    __slots__ = (
+        "dest", "_loads", "_written", "_chunk", "_cursor", "_logs", "_first_lsns", "_keys", "_values", "_chained",
+    )
 
     def __init__(
         self,
@@ -73,6 +85,9 @@ class RecordReader:
         self._cursor: _Cursor | None = None
         self._logs: dict[int, list[tuple[int, str]]] = {}
         self._first_lsns: dict[tuple[int, int], int] = {}
+        # (log seq, whether its batches carry a link): the batch checks in C need it; known
+        # from the log's segment header or a batch of it read here.
+        self._chained: tuple[int, bool] | None = None
 
     def seed(self, seq: int, first_lsn: int) -> None:
         """Start at the beginning of log ``seq``, which starts at ``first_lsn`` (its writer
@@ -140,17 +155,50 @@ class RecordReader:
                 return None
             if (head.seq, head.segment, head.first_lsn) != (seq, segment, first):
                 return None
+            self._chained = (seq, head.version >= F.CHAINED_VERSION)
             offset = F.SEGMENT_HEADER_SIZE
+        # The batches ahead checked in C in one call (checked_run), and how many were
+        # taken; the first one it does not vouch for is checked here, and so is every
+        # batch of a log whose chaining is not known yet.
+        run: list[CheckedBatch] = []
+        taken = 0
         while True:
             lo = offset - base
-            if len(buf) - lo < F.BATCH_HEADER_SIZE:
-                base, buf, lo = offset, self._read(name, offset, chunk), 0
+            if taken == len(run):
+                if len(buf) - lo < F.BATCH_HEADER_SIZE:
+                    base, buf, lo = offset, self._read(name, offset, chunk), 0
+                chained = self._chained
+                if chained is not None and chained[0] == seq:
+                    window_end = base + len(buf)
+                    run, taken = checked_run(buf, base, offset, window_end, window_end, None, chained[1], OFFLOAD_BYTES), 0
+            if taken < len(run):
+                end, header, raw, _, _ = run[taken]
+                taken += 1
+                if header.first_lsn != first:
+                    return None
+                values = self._values
+                if header.kind == F.KIND_CONTROL:
+                    if values is not None:
+                        return None  # as below
+                    offset = end  # it takes no LSN (see below)
+                    continue
+                if values is not None and values.resume(seq, segment, offset):
+                    # It shares no values (checked in C): the table moves past it, as below.
+                    values.reading(seq, segment, offset)
+                    values.read_to(seq, segment, end)
+                if first + header.count <= lsn:
+                    offset, first = end, first + header.count
+                    self._cursor = (seq, segment, offset, first)
+                else:
+                    return self._picked(lsn, header, raw, seq, segment, offset, first)
+                continue
             try:
                 header = parse_batch_header(buf[lo:lo + F.BATCH_HEADER_SIZE], offset)
             except Damage:
                 return None
             if header.first_lsn != first:
                 return None
+            self._chained = (seq, header.linked)  # every batch of a log has a link, or none
             if header.kind == F.KIND_CONTROL:
                 # It takes no LSN (the log header, a signed checkpoint): stepped over by
                 # its size. One in a log that shares values is left to a scan, which
@@ -180,12 +228,20 @@ class RecordReader:
                 offset, first = end, after
                 self._cursor = (seq, segment, offset, first)
                 continue
-            try:
-                records = split_records(header, raw, offset, self._loads)[0]
-            except Damage:
-                return None  # the scan reports it, where it is
-            self._cursor = (seq, segment, end, after) if lsn == after - 1 else (seq, segment, offset, first)
-            return (records[lsn - first],)
+            return self._picked(lsn, header, raw, seq, segment, offset, first)
+
+    def _picked(self, lsn: int, header: BatchHeader, raw: bytes, seq: int, segment: int, offset: int,
+                first: int) -> tuple[Any] | None:
+        """The record at ``lsn`` of the checked batch at ``offset`` (holding it), the
+        cursor moved past the batch when it is the batch's last; None for records that do
+        not decode (the scan reports that, where it is)."""
+        after = first + header.count
+        try:
+            records = split_records(header, raw, offset, self._loads)[0]
+        except Damage:
+            return None
+        self._cursor = (seq, segment, offset + header.size, after) if lsn == after - 1 else (seq, segment, offset, first)
+        return (records[lsn - first],)
 
     def _read(self, name: str, offset: int, length: int) -> bytes:
         try:

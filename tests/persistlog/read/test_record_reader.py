@@ -14,6 +14,10 @@ import persistlog
 from persistlog._read.record_reader import RecordNotWritten, RecordReader
 from persistlog._write.log import parts_of
 
+# Every test twice: the batches between the cursor and a record checked in C (a run at a
+# time), and by the Python checks alone.
+pytestmark = pytest.mark.usefixtures("batch_checks")
+
 
 def written_log(tmp_path: Path, n: int, **options: object) -> tuple[persistlog.Log, dict[int, dict[str, int]]]:
     lg = persistlog.open(tmp_path / "log", lambda emit: None, durability="flush", **options)  # type: ignore[arg-type]
@@ -170,3 +174,72 @@ def test_records_that_do_not_decode_are_corruption_where_they_are(tmp_path: Path
     parts_of(lg).writer.fail(RuntimeError("the test wrote into the live segment"))  # no seal over it
     with pytest.raises(persistlog.LogFailedError):
         lg.close()
+
+
+def _reads(url: str, lsns: list[int], checks_in_c: bool) -> list[object]:
+    """Each record read in turn by one reader (its cursor moving on), as its value or as
+    the error's type and message, with the batch checks in C or in Python alone."""
+    from persistlog._format import decoder
+
+    saved = decoder._checked_batches
+    if not checks_in_c:
+        decoder._checked_batches = None
+    try:
+        reader = RecordReader(open_destination(url), persistlog.Codec().loads)
+        out: list[object] = []
+        for lsn in lsns:
+            try:
+                out.append(reader.record(lsn))
+            except (persistlog.CorruptLogError, RecordNotWritten) as e:
+                out.append((type(e).__name__, str(e)))
+        return out
+    finally:
+        decoder._checked_batches = saved
+
+
+@pytest.mark.parametrize("share_values", [False, True], ids=["plain", "shared-values"])
+@pytest.mark.parametrize("hash_chain", [True, False], ids=["chained", "unchained"])
+def test_every_damaged_byte_reads_the_same_with_the_checks_in_c_as_in_python(
+        tmp_path: Path, batch_checks: str, hash_chain: bool, share_values: bool) -> None:
+    """A bit flipped in each byte of a small log's batches in turn: a reader reading every
+    record forwards gives the same records, and the same errors word for word, whether the
+    batches on its way are checked in C or by the Python checks alone."""
+    if batch_checks != "c":
+        pytest.skip("compares the two paths once")
+    shared = [{"s": k, "pad": "s" * 300} for k in range(4)]  # a value the snapshot shares
+    lg = persistlog.open(tmp_path / "log", lambda emit: [emit(r) for r in shared], durability="flush",
+                         hash_chain=hash_chain, share_values=share_values)
+    at = dict(enumerate(shared, start=1))  # the open's snapshot, LSNs 1-4
+    for i in range(12):
+        record = {"i": i, "pad": "x" * (i % 50)}
+        at[lg.update(record)] = record
+    lg.close()
+    segment = Path(segment_files(tmp_path / "log")[-1])
+    clean = segment.read_bytes()
+    lsns = sorted(at)
+    url = str(tmp_path / "log")
+    assert _reads(url, lsns, True) == [at[lsn] for lsn in lsns]
+    differ = []
+    for offset in range(64, len(clean), 3):  # past the segment header
+        damaged = bytearray(clean)
+        damaged[offset] ^= 0x10
+        segment.write_bytes(bytes(damaged))
+        if _reads(url, lsns, True) != _reads(url, lsns, False):
+            differ.append(offset)
+    # Each batch dropped, and each repeated: every checksum holds, the LSNs do not follow.
+    from persistlog._format import constants as F
+    from persistlog._format.decoder import parse_batch_header
+
+    starts, offset = [], F.SEGMENT_HEADER_SIZE
+    while offset + F.BATCH_HEADER_SIZE <= len(clean):  # (the seal's trailer is not a batch)
+        size = parse_batch_header(clean[offset:offset + F.BATCH_HEADER_SIZE], offset).size
+        starts.append((offset, offset + size))
+        offset += size
+    for start, end in starts:
+        for name, damaged in (("dropped", clean[:start] + clean[end:]),
+                              ("repeated", clean[:end] + clean[start:end] + clean[end:])):
+            segment.write_bytes(damaged)
+            if _reads(url, lsns, True) != _reads(url, lsns, False):
+                differ.append((name, start))
+    segment.write_bytes(clean)
+    assert not differ, differ
