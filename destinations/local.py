@@ -127,7 +127,8 @@ class LocalDestination(Destination):
 
     def list(self, start_after: str | None = None) -> list[str]:
         try:
-            entries = list(os.scandir(self.path))
+            with os.scandir(self.path) as found:
+                entries = list(found)
         except (FileNotFoundError, NotADirectoryError):
             return []
         names = sorted(
@@ -406,14 +407,17 @@ class LocalLock(WriterLock):
                 raise LockHeld(f"{os.path.join(self._directory, LOCK_NAME)} was released", "")
 
     def release(self) -> None:
+        # The record is forgotten only once LOCK is removed (removing it again does
+        # nothing): a KeyboardInterrupt in between leaves the next call to remove it.
         with self._mutex:
-            record, self._record = self._record, None
-        if record is None:
-            return
-        try:
-            release_lock_file(self._directory, record)
-        except OSError as e:
-            logger.warning("removing %s failed: %s", os.path.join(self._directory, LOCK_NAME), e)
+            record = self._record
+            if record is None:
+                return
+            try:
+                release_lock_file(self._directory, record)
+            except OSError as e:
+                logger.warning("removing %s failed: %s", os.path.join(self._directory, LOCK_NAME), e)
+            self._record = None
 
 
 def _write_all(fd: int, data: bytes) -> None:

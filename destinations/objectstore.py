@@ -540,15 +540,18 @@ class Lease(WriterLock):
             )
 
     def release(self) -> None:
-        """Delete the lease if it is still ours; idempotent."""
+        """Delete the lease if it is still ours; idempotent. The version is forgotten
+        only once the delete returned (a renewal waits meanwhile): a KeyboardInterrupt in
+        between leaves the next call to delete it."""
         with self._mutex:
-            version, self._version = self._version, None
-        if version is None:
-            return
-        try:
-            self._dest._delete_if(LEASE_NAME, version)
-        except (PreconditionFailed, FileNotFoundError):
-            logger.info("%s: lease was no longer ours at release", self._dest)
+            version = self._version
+            if version is None:
+                return
+            try:
+                self._dest._delete_if(LEASE_NAME, version)
+            except (PreconditionFailed, FileNotFoundError):
+                logger.info("%s: lease was no longer ours at release", self._dest)
+            self._version = None
 
 
 def _lease_body(owner: str, token: str, ttl: float) -> bytes:

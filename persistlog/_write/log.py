@@ -648,9 +648,14 @@ class Log:
         self._lease.wait_let_go(HANDOVER_SEAL_WAIT)
 
     def _let_everything_go(self) -> None:
+        # Marked let go only once all of it is (each step may be taken twice): a
+        # KeyboardInterrupt in between must leave the next close() to let go of the rest,
+        # not to return with the writer lock still held.
+        try:
+            self._writer.let_go()
+        finally:
+            self._lease.let_go()
         self._let_go = True
-        self._writer.let_go()
-        self._lease.let_go()
 
     def _closed_for_good(self) -> None:
         self._close_done = True

@@ -79,10 +79,13 @@ class WriterLease:
             logger.warning("renewing the writer lease on %s failed: %s", self._url, e)
 
     def release(self) -> None:
-        """Release the lock (once; later calls do nothing)."""
-        handle, self._handle = self._handle, None
+        """Release the lock (once; later calls do nothing). Forgotten only once released
+        (a handle's release may be called twice): an interruption in between leaves the
+        next call to release it."""
+        handle = self._handle
         if handle is not None:
             release_writer_lock(handle, self._url)
+            self._handle = None
 
     def let_go(self) -> None:
         """Release the lock, and wake whoever waits in :meth:`wait_let_go`."""
