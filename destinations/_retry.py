@@ -117,8 +117,12 @@ class RetryPolicy:
     def delays(self) -> Iterator[float]:
         """The waits between attempts (``tries - 1`` of them)."""
         for n in range(max(self.tries - 1, 0)):
-            d = min(self.cap, self.base * 2**n)
-            yield random.uniform(d / 2, d)
+            yield self.delay(n)
+
+    def delay(self, n: int) -> float:
+        """The wait after the ``n``-th failed attempt (from 0)."""
+        d = min(self.cap, self.base * 2**n)
+        return random.uniform(d / 2, d)
 
     def call(
         self,
@@ -129,7 +133,8 @@ class RetryPolicy:
         """Run ``fn`` until it succeeds, fails permanently, or runs out of tries or of
         ``seconds``; the error of the last attempt is raised, and :func:`attempts_of` says
         how many were made and for how long."""
-        delays = self.delays()
+        # No generator of delays: one left suspended when a retry succeeds is closed as it
+        # is collected, where a Ctrl-C is reported and dropped instead of raised.
         started = time.monotonic()
         tries = 0
         while True:
@@ -139,7 +144,7 @@ class RetryPolicy:
             except Exception as e:
                 if not is_transient(e):
                     raise
-                delay = next(delays, None)
+                delay = self.delay(tries - 1) if tries < self.tries else None
                 elapsed = time.monotonic() - started
                 if delay is not None and elapsed + delay > self.seconds:
                     delay = None
