@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 
 from destinations._open_files import LIMIT_VARIABLE, AppendDescriptor, OpenFiles, _libc_syncfs
 from tests.childproc import run_python
+from tests.persistlog.interrupt_points import PointInterrupter
 
 
 def _write(d: AppendDescriptor, data: bytes) -> None:
@@ -352,16 +352,6 @@ def _evictions_interrupted_at(root: Path, nth: int | None) -> tuple[int, str, li
     for p in paths:
         p.write_bytes(b"")
     module = AppendDescriptor.write.__code__.co_filename
-    points = {"n": 0}
-    where: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event in ("call", "c_return") and frame.f_code.co_filename == module:
-            points["n"] += 1
-            if points["n"] == nth:
-                after = "" if event == "call" else f" after {getattr(arg, '__qualname__', arg)}"
-                where.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}{after}")
-                raise KeyboardInterrupt(where[-1])
 
     def retried(call: Any) -> Any:
         while True:
@@ -372,8 +362,7 @@ def _evictions_interrupted_at(root: Path, nth: int | None) -> tuple[int, str, li
 
     ds: list[AppendDescriptor] = []
     acked: list[list[bytes]] = [[], [], []]
-    sys.setprofile(profile)
-    try:
+    with PointInterrupter((module,), nth) as at:
         for p in paths:
             ds.append(retried(lambda: AppendDescriptor(str(p), files)))
         for k in range(4):
@@ -383,8 +372,7 @@ def _evictions_interrupted_at(root: Path, nth: int | None) -> tuple[int, str, li
                 acked[i].append(data)
             retried(ds[k % 3].sync)
         retried(lambda: ds[1].truncate(retried(ds[1].file_size)))  # a no-op, through the cache
-    finally:
-        sys.setprofile(None)
+    where = at.where
 
     # Every descriptor is free for another thread: a write and a sync go through.
     def from_another_thread() -> None:
@@ -402,7 +390,7 @@ def _evictions_interrupted_at(root: Path, nth: int | None) -> tuple[int, str, li
     for d in ds:
         d.close()
     assert files.count == 0, (files, where)
-    return points["n"], (where or [""])[0], [b"".join(a) for a in acked]
+    return at.points, where, [b"".join(a) for a in acked]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import pytest
 import persistlog
 from childproc import run_json
 from crashsim import CrashSim
+from interrupt_points import PointInterrupter, Retrier, every_point
 from log_files import is_sealed_log
 
 PROCS = Path(__file__).resolve().parents[1] / "procs"
@@ -391,36 +392,14 @@ def _interrupted_at_point(tmp_path: Path, durability: str, concurrent: bool, nth
     retain = 1 if where == "local" else 50
     lg = persistlog.open(url, enumerate_all, durability=durability, rotate_records=4, retain=retain, segment_bytes=4096,
                          flush_interval=3600, concurrent_enumeration=concurrent, replay=lambda r: None)
-    files = _write_path_files()
-    points = {"n": 0}
-    where: list[str] = []
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        # A signal handler runs where CPython checks for one: as a Python function starts,
-        # and right after a C function returns (the exception then comes from that call).
-        if event in ("call", "c_return") and frame.f_code.co_filename.startswith(files):
-            points["n"] += 1
-            if points["n"] == nth:
-                after = "" if event == "call" else f" after {getattr(arg, '__qualname__', arg)}"
-                where.append(f"{frame.f_code.co_qualname}:{frame.f_lineno}{after}")
-                raise KeyboardInterrupt(where[-1])
-
-    interrupts = 0
-    slowest = 0.0
-
-    def retried(call: Any) -> None:
-        nonlocal interrupts, slowest
-        began = time.monotonic()
-        interrupts += _retried(call)
-        slowest = max(slowest, time.monotonic() - began)
+    retried = Retrier()
 
     def update(i: int) -> None:
         with app_lock:
             lg.update({"i": i, "pad": "x" * 300})
             acked["n"] = i + 1
 
-    sys.setprofile(profile)
-    try:
+    with PointInterrupter(_write_path_files(), nth) as at:
         for i in range(12):
             retried(lambda: update(i))
             if i == 5:
@@ -428,11 +407,9 @@ def _interrupted_at_point(tmp_path: Path, durability: str, concurrent: bool, nth
             if i == 8:
                 retried(lg.rotate)
         retried(lg.close)
-    finally:
-        sys.setprofile(None)
-    point = where[0] if where else ""
+    point = at.where
     # A held update (retried once, at most) waits for its rotation, not for a timeout.
-    assert slowest < 5, (point, slowest)
+    assert retried.slowest < 5, (point, retried.slowest)
     assert lg.seq >= 3, (point, lg.seq)  # the open's log, then the triggers' and rotate()'s
     _check_restored(url, acked["n"])
     # close() let the writer lock go: the log opens again (a close interrupted as it let
@@ -441,7 +418,7 @@ def _interrupted_at_point(tmp_path: Path, durability: str, concurrent: bool, nth
         persistlog.open(url, lambda emit: None, replay=lambda r: None).close()
     except persistlog.WriterConflict as e:
         raise AssertionError(f"the lock is still held after close() (interrupted at {point})") from e
-    return points["n"], interrupts, point
+    return at.points, retried.interrupts, point
 
 
 @pytest.mark.slow
@@ -456,19 +433,7 @@ def test_an_interruption_at_any_point_of_the_write_path_loses_nothing_and_stalls
     call goes through without waiting for a timeout, the rotations run, and the restore
     holds every update acknowledged. (A KeyboardInterrupt between a fired trigger's
     request and the scheduling of its job once left the log never rotating again.)"""
-    points, interrupts, _ = _interrupted_at_point(tmp_path, durability, concurrent, None)
-    assert points >= 300 and interrupts == 0, points
-    missed = 0
-    for nth in range(1, points + 1):
-        passed, interrupts, point = _interrupted_at_point(tmp_path, durability, concurrent, nth)
-        if interrupts == 0:
-            # A run passes a few points more or fewer, as the rotation job on its worker
-            # is quicker or slower (a held writer polls): the last ones may not come.
-            assert passed < nth, (nth, passed)
-            missed += 1
-        else:
-            assert interrupts == 1, (nth, point)
-    assert missed <= points // 20, (missed, points)
+    every_point(lambda nth: _interrupted_at_point(tmp_path, durability, concurrent, nth))
 
 
 @pytest.mark.slow
@@ -479,20 +444,10 @@ def test_an_interruption_at_any_point_of_an_object_store_writer_loses_nothing_an
     PUT whole, the lease object, CURRENT and the seal by conditional writes): at each
     point the retried calls go through without waiting for a timeout, the restore holds
     every update acknowledged, and ``close()`` lets the lease go."""
-    points, interrupts, _ = _interrupted_at_point(tmp_path, durability, False, None, "memory")
-    assert points >= 300 and interrupts == 0, points
     # In flush mode every write PUTs: about 3,000 points a run, 0.17 s each; every 12th
     # point there (the local sweep takes every point of the same code above the store).
-    stride = 12 if durability == "flush" else 1
-    missed = 0
-    for nth in range(1, points + 1, stride):
-        passed, interrupts, point = _interrupted_at_point(tmp_path, durability, False, nth, "memory")
-        if interrupts == 0:
-            assert passed < nth, (nth, passed)
-            missed += 1
-        else:
-            assert interrupts == 1, (nth, point)
-    assert missed <= points // stride // 20, (missed, points)
+    every_point(lambda nth: _interrupted_at_point(tmp_path, durability, False, nth, "memory"),
+                stride=12 if durability == "flush" else 1)
 
 
 def test_a_batch_handed_over_again_is_counted_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
