@@ -185,7 +185,7 @@ class Queue:
     __slots__ = (
         "max_messages", "max_bytes", "ttl", "visibility_timeout", "_clock", "_lock", "_entries", "_ready",
         "_head", "_timeouts", "_bytes", "_in_flight", "_next_id", "_log", "_dest", "_reader", "_loads", "_keys",
-        "_replayed", "_kept", "_kept_bytes", "_ordinal", "_open_lsn", "_replay_start", "restored",
+        "_replayed", "_kept", "_kept_bytes", "_ordinal", "_open_lsn", "_replay_start", "_enumerated_to", "restored",
     )
 
     def __init__(
@@ -234,6 +234,8 @@ class Queue:
         # (seq, first LSN) of the first log the restore replayed, from its start: where
         # the open's enumeration starts reading bodies.
         self._replay_start: tuple[int, int] | None = None
+        # The LSN after the records of the last enumeration (see _appended_at).
+        self._enumerated_to = 0
         self.restored: RestoreResult | None = None
 
     # -- opening ------------------------------------------------------------------------
@@ -482,6 +484,7 @@ class Queue:
             emit(record if record is not None else self._record(reader, entry))
             entry.lsn = lsn
             lsn += 1
+        self._enumerated_to = lsn
         if self._reader is not None:
             self._reader.forget()  # every position moved to the new log
 
@@ -513,7 +516,8 @@ class Queue:
         undelivered after that long. :class:`QuotaExceeded` (expired messages dropped
         first), ``TypeError`` for a body that is not bytes and ``ValueError`` for one over
         the log's record limit (32 MiB): nothing written. Interrupted (``KeyboardInterrupt``)
-        it may or may not be logged, as ``Log.update``: if it was, a restart delivers it."""
+        it may or may not be logged, as ``Log.update``: if it was, the queue holds it (it is
+        delivered, and after a restart too)."""
         data = body if type(body) is bytes else _check_body(body)
         ttl = self.ttl if ttl is None else _check_ttl(ttl)
         with self._lock:
@@ -529,12 +533,33 @@ class Queue:
             # The id is spent before the update: a send interrupted after its record was
             # appended (KeyboardInterrupt) must not give the same id to the next one.
             self._next_id = message_id + 1
-            lsn = lg.update(record)
-            entry = _Entry(message_id, lsn, expires_at, len(data))
-            self._entries[message_id] = entry
-            self._ready.append(entry)
-            self._bytes += len(data)
+            before, enumerated = lg.next_lsn, self._enumerated_to
+            try:
+                self._keep(message_id, lg.update(record), expires_at, len(data))
+            except BaseException:
+                # Kept all the same once appended: the log holds it, so the queue must
+                # (a rotation copies what the queue holds, and would drop it).
+                at = self._appended_at(lg, before, enumerated)
+                if at is not None and message_id not in self._entries:
+                    self._keep(message_id, at, expires_at, len(data))
+                raise
             return message_id
+
+    def _appended_at(self, lg: Log, before: int, enumerated: int) -> int | None:
+        """The LSN of the record an update that raised appended, or None if it appended
+        none: ``before`` was the log's next LSN when it began, and the queue's records
+        are the only ones but those of a rotation's enumeration, which runs before the
+        update's record (at the quiet point it is held at)."""
+        start = before if self._enumerated_to == enumerated else self._enumerated_to
+        return start if lg.next_lsn > start else None
+
+    def _keep(self, message_id: int, lsn: int, expires_at: float | None, size: int) -> None:
+        """A message just appended at ``lsn``, ready to deliver: whole or not at all, as
+        only the last step (a C call) lets CPython run a signal handler after it."""
+        entry = _Entry(message_id, lsn, expires_at, size)
+        self._entries[message_id] = entry
+        self._bytes += size
+        self._ready.append(entry)
 
     def _make_room(self, size: int) -> None:
         if not self._over_quota(size):
@@ -666,15 +691,25 @@ class Queue:
             if entry.expires_at is not None and entry.expires_at <= self._clock():
                 self._drop(entry)
                 return False
-            (self._log or self.log).update({"op": "ack", "id": message_id})
-            self._drop(entry)
+            lg = self._log or self.log
+            before, enumerated = lg.next_lsn, self._enumerated_to
+            try:
+                lg.update({"op": "ack", "id": message_id})
+                self._drop(entry)
+            except BaseException:
+                # Dropped all the same once appended: a rotation would copy it back.
+                if self._appended_at(lg, before, enumerated) is not None and message_id in self._entries:
+                    self._drop(entry)
+                raise
             return True
 
     def _drop(self, entry: _Entry) -> None:
-        del self._entries[entry.id]
+        # The entry goes last (a dict deletion runs no handler): an interruption at this
+        # call's start leaves it all to do again.
         self._bytes -= entry.size
         if entry.visible_at is not None:
             self._in_flight -= 1
+        del self._entries[entry.id]
 
     def expire(self) -> int:
         """Drop every expired message now (delivered or not); returns how many. Expired

@@ -143,6 +143,9 @@ class ResourceStore(MutableMapping[Any, Any]):
 
     # A change is applied once its record is appended, even if update() was interrupted
     # after that (KeyboardInterrupt): the log would replay it, so memory must hold it too.
+    # Applied right as the update returns, by one step CPython runs no signal handler
+    # before (a store, or one C call); only a call that raised asks the log whether it
+    # appended (asking in a `finally` was itself a Python call a Ctrl-C could cut short).
 
     def __setitem__(self, key: Any, value: Any) -> None:
         _check_key(key)
@@ -151,9 +154,11 @@ class ResourceStore(MutableMapping[Any, Any]):
             before = lg.next_lsn
             try:
                 lg.update({"op": "put", "key": key, "value": value})
-            finally:
+                self._data[key] = value
+            except BaseException:
                 if lg.next_lsn > before:
                     self._data[key] = value
+                raise
 
     def __delitem__(self, key: Any) -> None:
         with self._lock:
@@ -163,9 +168,11 @@ class ResourceStore(MutableMapping[Any, Any]):
             before = lg.next_lsn
             try:
                 lg.update({"op": "del", "key": key})
-            finally:
+                self._data.pop(key, None)
+            except BaseException:
                 if lg.next_lsn > before:
                     self._data.pop(key, None)
+                raise
 
     def __iter__(self) -> Iterator[Any]:
         with self._lock:
@@ -227,9 +234,18 @@ class ResourceStore(MutableMapping[Any, Any]):
             pairs = list(other)
         pairs += kwargs.items()
         with self._lock:
-            self.log.update_many([{"op": "put", "key": k, "value": v} for k, v in pairs])
-            for k, v in pairs:
-                self._data[k] = v
+            lg = self.log
+            before = lg.next_lsn
+            records = [{"op": "put", "key": k, "value": v} for k, v in pairs]
+            # Applied whole once appended, as a single change is (see above): one call,
+            # which no KeyboardInterrupt cuts in two.
+            try:
+                lg.update_many(records)
+                self._data.update(pairs)
+            except BaseException:
+                if lg.next_lsn > before:
+                    self._data.update(pairs)
+                raise
 
     def clear(self) -> None:
         """Delete every key (one logged change each)."""

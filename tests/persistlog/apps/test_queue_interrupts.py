@@ -31,7 +31,8 @@ def _interrupted_at_point(root: Path, durability: str, nth: int | None) -> tuple
     signal handler on the app's thread in the queue's path (None: none). Each call is
     retried as an app would. Then the queue is opened again and drained: each message
     whose ``send`` returned and that was not acknowledged comes back, none acknowledged
-    does, and nothing else but a message whose interrupted ``send`` was logged. Returns
+    does, and nothing else but a message whose interrupted ``send`` was logged, which the
+    queue held (the queue held what comes back). Returns
     (points passed, interruptions, the point interrupted)."""
     url = str(root / f"queue-{nth}")
     q = persistlog.Queue.open(url, durability=durability, rotate_records=5, retain=1, segment_bytes=4096,
@@ -50,6 +51,7 @@ def _interrupted_at_point(root: Path, durability: str, nth: int | None) -> tuple
                 assert m is not None, at.where
                 retried(lambda: q.ack(m.id))
                 acked.add(m.id)
+        held = retried(lambda: len(q))  # the messages not acknowledged, as the queue holds them
         retried(q.close)
     point, interrupts = at.where, retried.interrupts
     assert retried.slowest < 5, (point, retried.slowest)
@@ -63,6 +65,10 @@ def _interrupted_at_point(root: Path, durability: str, nth: int | None) -> tuple
         delivered[m.id] = m.body
         again.ack(m.id)
     again.close()
+    # What the queue held is what its log holds: a message whose interrupted send was
+    # logged is held too (a rotation copies what the queue holds: it was once dropped
+    # there), and one whose interrupted ack was logged is not.
+    assert len(delivered) == held, (point, held, delivered.keys())
     assert not delivered.keys() & acked, (point, delivered.keys() & acked)
     assert delivered.keys() >= sent - acked, (point, sent - acked - delivered.keys())
     # Nothing else: but a message whose interrupted send was logged (sent again, under
