@@ -152,11 +152,13 @@ def _replace(directory: str, path: str, record: bytes) -> None:
 
 
 def release_lock_file(directory: str, record: bytes) -> None:
-    """Remove ``directory/LOCK`` if it still holds ``record``."""
+    """Remove ``directory/LOCK`` if it still holds ``record`` (padded or not: see
+    :func:`take_lock_file`)."""
     path = os.path.join(directory, LOCK_NAME)
     try:
         with _directory_locked(directory):
-            if _read(path) == record:
+            held = _read(path)
+            if held is not None and held.rstrip(b" ") == record.rstrip(b" "):
                 os.unlink(path)
     except FileNotFoundError:
         return  # the directory went away, and its LOCK with it

@@ -244,9 +244,16 @@ class LocalDestination(Destination):
         """
         self.ensure()
         record = json.dumps(owner_record(owner, **identity()), sort_keys=True).encode() + b"\n"
-        held = take_lock_file(self.path, record, self.url)
-        logger.debug("%s: lock taken by %s", self, owner)
-        return LocalLock(self.path, held)
+        try:
+            held = take_lock_file(self.path, record, self.url)
+            logger.debug("%s: lock taken by %s", self, owner)
+            return LocalLock(self.path, held)
+        except BaseException:
+            # Interrupted (Ctrl-C) once LOCK names this process and before the caller has
+            # the handle that releases it: released here, or no open could take it again
+            # while this process lives. (A LOCK naming another holder stays as it is.)
+            release_lock_file(self.path, record)
+            raise
 
 
 class LocalAppendFile(AppendFile):

@@ -437,6 +437,7 @@ def open_log(
     writer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
     writer_lock = _take_writer_lock(dest, writer_id, lease_ttl, float(handover_timeout) if handover else None)
     restored = None
+    lg: Log | None = None
     try:
         if not dest.appendable:
             # The writer that held the lease before may be alive and about to write: its
@@ -481,42 +482,48 @@ def open_log(
                 "apply) then persistlog.open(url, ...) with nothing written in between; "
                 "pass discard_existing=True to start over on purpose"
             )
+        # In the try: a Ctrl-C before the Log's own clean-up takes over (building its
+        # arguments, entering its constructor) lets the lock go too (a second release is
+        # a no-op).
+        lg = Log(
+            dest,
+            enumerate_all,
+            settings=settings,
+            codec=codec,
+            metadata=metadata,
+            writer_id=writer_id,
+            writer_lock=writer_lock,
+            lease_ttl=float(lease_ttl),
+            last_seq=last_seq,
+            next_lsn=next_lsn,
+            complete_logs=[pointer] if pointer is not None and pointer in logs else [],
+            rotate_bytes=rotate_bytes,
+            rotate_records=rotate_records,
+            rotate_interval=rotate_interval,
+            retention=retention,
+            on_error=on_error,
+            secondaries=secondaries or [],
+            rotate_on_signal=rotate_on_signal,
+            restored=restored,
+            after_snapshot=after_snapshot,
+            concurrent_enumeration=concurrent_enumeration,
+            secondary_close_wait=None if secondary_close_wait is None else float(secondary_close_wait),
+            handover=handover,
+            on_handover=on_handover,
+            chain_head=chain_head,
+            checkpoints=Checkpoints(signer, float(sign_interval)),
+        )
+        logger.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     except BaseException:
         try:
-            release_writer_lock(writer_lock, dest.url)
-            dest.close()
+            if lg is not None:
+                lg.close()  # opened, then interrupted before the caller had it
+            else:
+                release_writer_lock(writer_lock, dest.url)
+                dest.close()
         except Exception as e:
             logger.debug("closing after a failed open: %s", e)
         raise
-    lg = Log(
-        dest,
-        enumerate_all,
-        settings=settings,
-        codec=codec,
-        metadata=metadata,
-        writer_id=writer_id,
-        writer_lock=writer_lock,
-        lease_ttl=float(lease_ttl),
-        last_seq=last_seq,
-        next_lsn=next_lsn,
-        complete_logs=[pointer] if pointer is not None and pointer in logs else [],
-        rotate_bytes=rotate_bytes,
-        rotate_records=rotate_records,
-        rotate_interval=rotate_interval,
-        retention=retention,
-        on_error=on_error,
-        secondaries=secondaries or [],
-        rotate_on_signal=rotate_on_signal,
-        restored=restored,
-        after_snapshot=after_snapshot,
-        concurrent_enumeration=concurrent_enumeration,
-        secondary_close_wait=None if secondary_close_wait is None else float(secondary_close_wait),
-        handover=handover,
-        on_handover=on_handover,
-        chain_head=chain_head,
-        checkpoints=Checkpoints(signer, float(sign_interval)),
-    )
-    logger.info("opened %s for writing at log %d (next LSN %d)", dest.url, lg.seq, lg.next_lsn)
     return lg
 
 

@@ -565,6 +565,11 @@ class BatchWriter:
                 raise WriterConflict(f"log {seq} already exists at {self._dest.url}: another writer?") from e
             except BaseException as e:
                 self.fail(e)
+                if isinstance(e, KeyboardInterrupt):
+                    # On the opening thread (the open's first log): as
+                    # itself. The open lets the failed Log go; what is on storage is what a
+                    # crash there leaves, which the next open reads.
+                    raise
                 raise LogFailedError(f"creating log {seq} at {self._dest.url} failed: {e}") from e
             self._sw = sw
             self._seq = seq

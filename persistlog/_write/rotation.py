@@ -349,25 +349,31 @@ class Rotator:
         fut: Future[int] = Future()
         here = threading.Lock()
         here.acquire()
-        with self._mutex:
-            head = not self._stop and not self._queue
+        head = False
+        # One try from the moment `here` may be published: an interruption anywhere
+        # after that lets it go (close() waits on it) and leaves a queued request to the
+        # job, never a held `_here` that nobody releases.
+        try:
+            with self._mutex:
+                head = not self._stop and not self._queue
+                if head:
+                    if self._requests is None:
+                        self._requests = {}
+                    self._requests[fut] = _Request(None)
+                    self._queue.append(fut)
+                    self._here = here
             if head:
-                if self._requests is None:
-                    self._requests = {}
-                self._requests[fut] = _Request(None)
-                self._queue.append(fut)
-                self._here = here
+                self._serve_head(here=True)
+        finally:
+            if head:
+                with self._mutex:
+                    self._here = None
+                    if self._queue and not self._stop:
+                        self._run_job()
+                here.release()
         if not head:
             # Not first in the queue: wait for the rotation job like any other request.
             return self.wait(self.request(coalesce=False))
-        try:
-            self._serve_head(here=True)
-        finally:
-            with self._mutex:
-                self._here = None
-                if self._queue and not self._stop:
-                    self._run_job()
-            here.release()
         return fut.result(0)
 
     # -- the quiet point ----------------------------------------------------------------
@@ -685,7 +691,9 @@ class Rotator:
             self._let_go_of(fut)
             self.failures += 1
             self.last_error = e
-            if isinstance(e, LogFailedError) or writer.failed is not None:
+            if isinstance(e, (LogFailedError, KeyboardInterrupt)) or writer.failed is not None:
+                # (A KeyboardInterrupt, on the opening thread: as itself. The log stays
+                # incomplete, as after a crash there, and the open lets the Log go.)
                 raise
             logger.error("enumerate_all failed; log %d stays incomplete and the next trigger retries: %r", seq, e)
             if self.on_error is not None:
@@ -716,6 +724,8 @@ class Rotator:
         try:
             apply_retention(self._writer.dest, self.known_complete, self.retention, self._writer.seq)
         except BaseException as e:  # the rotation job must outlive anything retention meets
+            if isinstance(e, KeyboardInterrupt):
+                raise  # Ctrl-C, in an open's first rotation on the app's thread: as itself
             logger.warning("retention at %s failed (will retry after the next rotation): %s", self._writer.dest.url, e)
 
     def close(self, timeout: float | None = None) -> None:

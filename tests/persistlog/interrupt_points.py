@@ -28,9 +28,11 @@ class PointInterrupter:
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
-        # Not in a __del__ (an object collected there, where CPython reports an exception
-        # instead of raising it).
-        if event in ("call", "c_return") and code.co_filename.startswith(self.files) and code.co_name != "__del__":
+        # Not in a __del__, nor in a generator expression (which any() and all() leave
+        # suspended, closed as it is collected): CPython reports an exception raised
+        # there instead of raising it. A Ctrl-C there is lost; nothing else is.
+        if event in ("call", "c_return") and code.co_filename.startswith(self.files) \
+                and code.co_name not in ("__del__", "<genexpr>"):
             self.points += 1
             if self.points == self.nth:
                 after = "" if event == "call" else f" after {getattr(arg, '__qualname__', arg)}"

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -576,3 +577,63 @@ def test_interrupt_s3_a_put_landing_after_its_interruption_is_the_writers_own(
     restored = persistlog.restore(url, records.append, storage_options=so)
     assert [r["i"] for r in records] == list(range(6))  # the interrupted update landed whole
     assert restored.torn_tail is None and not restored.skipped
+
+
+# -- an interruption at any point of opening a log ----------------------------------------
+
+
+_LEFT_BY_A_CRASH = """
+import os, sys
+import persistlog
+
+lg = persistlog.open(sys.argv[1], lambda emit: emit({"upto": 0}), durability="flush")
+for i in range(6):
+    lg.update({"i": i})
+if sys.argv[2] == "closed":
+    lg.close()
+print("{}")
+sys.stdout.flush()
+os._exit(0)  # (crashed: the writer's LOCK record and no seal left behind)
+"""
+
+
+def _opened_interrupted_at_point(template: Path, tmp_path: Path, nth: int | None) -> tuple[int, int, str]:
+    """Open a copy of ``template``, a log of 6 records (closed, or left by a crash), which
+    restores it (``replay=``), then log 3 more and close, with a KeyboardInterrupt at the
+    ``nth`` point where CPython can run a signal handler on the app's thread (in the
+    package and the destinations: the restore, the lock's take-over, the open's first
+    log...). Each call is retried as an app would: the open must not find the log locked
+    by its own interrupted attempt, and the restore holds the 9 records."""
+    url = str(tmp_path / f"{template.name}-{nth}")
+    shutil.copytree(template, url)
+    acked = {"n": 6}
+
+    def enumerate_all(emit: Any) -> None:
+        emit({"upto": acked["n"]})
+
+    import destinations
+
+    files = (str(Path(persistlog.__file__).parent) + os.sep, str(Path(destinations.__file__).parent) + os.sep)
+    retried = Retrier()
+    with PointInterrupter(files, nth) as at:
+        lg = retried(lambda: persistlog.open(url, enumerate_all, durability="flush", replay=lambda r: None))
+        for i in range(6, 9):
+            retried(lambda: lg.update({"i": i}))
+            acked["n"] = i + 1
+        retried(lg.close)
+    assert retried.slowest < 5, (at.where, retried.slowest)
+    _check_restored(url, acked["n"])
+    return at.points, retried.interrupts, at.where
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("left", ["closed", "crashed"])
+def test_an_interruption_at_any_point_of_opening_a_log_leaves_it_openable(tmp_path: Path, left: str) -> None:
+    """A KeyboardInterrupt at each point where CPython could run Ctrl-C's handler on the
+    app's thread while ``persistlog.open()`` restores a log (closed, or left by a crashed
+    writer whose lock it takes over) and starts the next one, then through updates and
+    ``close()``: the retried open goes through (an interrupted attempt lets the lock go),
+    no call waits for a timeout, and the restore holds every record."""
+    template = tmp_path / "template"
+    run_json(_LEFT_BY_A_CRASH, str(template), left)
+    every_point(lambda nth: _opened_interrupted_at_point(template, tmp_path, nth))
