@@ -356,6 +356,28 @@ class ObjectStoreDestination(Destination):
         if ttl <= 0:
             raise ValueError(f"lease ttl must be positive, not {ttl}")
         token = secrets.token_hex(8)
+        try:
+            return self._take_lease(owner, token, ttl)
+        except LockHeld:
+            raise
+        except BaseException:
+            # Interrupted (Ctrl-C), or failed, maybe after the lease was written and before
+            # the caller has the handle that releases it: let it go now, or every open
+            # would wait for it to expire.
+            self._drop_lease_of(owner, token)
+            raise
+
+    def _drop_lease_of(self, owner: str, token: str) -> None:
+        """Delete the lease if it is the one ``owner`` wrote with ``token``."""
+        try:
+            raw, version = self._read_versioned(LEASE_NAME)
+            info = parse_record(raw)
+            if info is not None and info.get("owner") == owner and info.get("token") == token:
+                self._delete_if(LEASE_NAME, version)
+        except (PreconditionFailed, OSError) as e:
+            logger.info("%s: leaving the lease of an interrupted lock to expire: %s", self, e)
+
+    def _take_lease(self, owner: str, token: str, ttl: float) -> Lease:
         holder = ""
         for _ in range(5):
             body = _lease_body(owner, token, ttl)

@@ -597,15 +597,27 @@ os._exit(0)  # (crashed: the writer's LOCK record and no seal left behind)
 """
 
 
-def _opened_interrupted_at_point(template: Path, tmp_path: Path, nth: int | None) -> tuple[int, int, str]:
+def _copy_of(template: str, nth: int | None) -> str:
+    """A copy of the log at ``template`` (a directory, or a ``memory://`` URL) of its own."""
+    if template.startswith("memory://"):
+        import fsspec
+
+        url = f"{template}-{nth}"
+        fsspec.filesystem("memory").copy(template[len("memory://"):], url[len("memory://"):], recursive=True)
+        return url
+    url = f"{template}-{nth}"
+    shutil.copytree(template, url)
+    return url
+
+
+def _opened_interrupted_at_point(template: str, nth: int | None) -> tuple[int, int, str]:
     """Open a copy of ``template``, a log of 6 records (closed, or left by a crash), which
     restores it (``replay=``), then log 3 more and close, with a KeyboardInterrupt at the
     ``nth`` point where CPython can run a signal handler on the app's thread (in the
     package and the destinations: the restore, the lock's take-over, the open's first
     log...). Each call is retried as an app would: the open must not find the log locked
     by its own interrupted attempt, and the restore holds the 9 records."""
-    url = str(tmp_path / f"{template.name}-{nth}")
-    shutil.copytree(template, url)
+    url = _copy_of(template, nth)
     acked = {"n": 6}
 
     def enumerate_all(emit: Any) -> None:
@@ -627,13 +639,25 @@ def _opened_interrupted_at_point(template: Path, tmp_path: Path, nth: int | None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("left", ["closed", "crashed"])
-def test_an_interruption_at_any_point_of_opening_a_log_leaves_it_openable(tmp_path: Path, left: str) -> None:
+@pytest.mark.parametrize("left", ["closed", "crashed", "closed-memory"])
+def test_an_interruption_at_any_point_of_opening_a_log_leaves_it_openable(
+        tmp_path: Path, left: str, clean_memory_fs: None) -> None:
     """A KeyboardInterrupt at each point where CPython could run Ctrl-C's handler on the
     app's thread while ``persistlog.open()`` restores a log (closed, or left by a crashed
-    writer whose lock it takes over) and starts the next one, then through updates and
-    ``close()``: the retried open goes through (an interrupted attempt lets the lock go),
-    no call waits for a timeout, and the restore holds every record."""
-    template = tmp_path / "template"
-    run_json(_LEFT_BY_A_CRASH, str(template), left)
-    every_point(lambda nth: _opened_interrupted_at_point(template, tmp_path, nth))
+    writer whose lock it takes over; on a local disk, or closed on an object store,
+    ``memory://``, whose lease an interrupted attempt must not leave behind) and starts the
+    next one, then through updates and ``close()``: the retried open goes through (an
+    interrupted attempt lets the lock go), no call waits for a timeout, and the restore
+    holds every record."""
+    if left == "closed-memory":
+        template = "memory://interrupts/open/template"
+        lg = persistlog.open(template, lambda emit: emit({"upto": 0}), durability="flush")
+        for i in range(6):
+            lg.update({"i": i})
+        lg.close()
+        # An object store's open takes about 3,000 points: every fifth there.
+        every_point(lambda nth: _opened_interrupted_at_point(template, nth), stride=5)
+        return
+    template = str(tmp_path / "template")
+    run_json(_LEFT_BY_A_CRASH, template, left)
+    every_point(lambda nth: _opened_interrupted_at_point(template, nth))
