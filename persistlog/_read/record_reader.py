@@ -24,7 +24,6 @@ from .._format import constants as F
 from .._format.crypt import Keyring
 from .._format.chain import OFFLOAD_BYTES
 from .._format.decoder import (
-    BatchHeader,
     CheckedBatch,
     Damage,
     check_payload,
@@ -171,34 +170,19 @@ class RecordReader:
                 if chained is not None and chained[0] == seq:
                     window_end = base + len(buf)
                     run, taken = checked_run(buf, base, offset, window_end, window_end, None, chained[1], OFFLOAD_BYTES), 0
+            raw: bytes | None = None  # the payload, once checked
             if taken < len(run):
-                end, header, raw, _, _ = run[taken]
+                _, header, raw, _, _ = run[taken]  # checked in C, payload and all
                 taken += 1
-                if header.first_lsn != first:
+            else:
+                try:
+                    header = parse_batch_header(buf[lo:lo + F.BATCH_HEADER_SIZE], offset)
+                except Damage:
                     return None
-                values = self._values
-                if header.kind == F.KIND_CONTROL:
-                    if values is not None:
-                        return None  # as below
-                    offset = end  # it takes no LSN (see below)
-                    continue
-                if values is not None and values.resume(seq, segment, offset):
-                    # It shares no values (checked in C): the table moves past it, as below.
-                    values.reading(seq, segment, offset)
-                    values.read_to(seq, segment, end)
-                if first + header.count <= lsn:
-                    offset, first = end, first + header.count
-                    self._cursor = (seq, segment, offset, first)
-                else:
-                    return self._picked(lsn, header, raw, seq, segment, offset, first)
-                continue
-            try:
-                header = parse_batch_header(buf[lo:lo + F.BATCH_HEADER_SIZE], offset)
-            except Damage:
-                return None
             if header.first_lsn != first:
                 return None
-            self._chained = (seq, header.linked)  # every batch of a log has a link, or none
+            if raw is None:
+                self._chained = (seq, header.linked)  # every batch of a log has a link, or none
             if header.kind == F.KIND_CONTROL:
                 # It takes no LSN (the log header, a signed checkpoint): stepped over by
                 # its size. One in a log that shares values is left to a scan, which
@@ -207,20 +191,21 @@ class RecordReader:
                     return None
                 offset += header.size
                 continue
-            if len(buf) - lo < header.size:
-                base, buf, lo = offset, self._read(name, offset, max(header.size, chunk)), 0
-                if len(buf) < header.size:
-                    return None
             values = self._values
             if values is not None and not values.resume(seq, segment, offset):
                 values = None  # a batch that shares values is read by a scan, which primes
             if values is not None:
                 values.reading(seq, segment, offset)
-            try:
-                raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys,
-                                    values)
-            except Damage:
-                return None
+            if raw is None:
+                if len(buf) - lo < header.size:
+                    base, buf, lo = offset, self._read(name, offset, max(header.size, chunk)), 0
+                    if len(buf) < header.size:
+                        return None
+                try:
+                    raw = check_payload(header, buf[lo + F.BATCH_HEADER_SIZE:lo + header.size], offset, self._keys,
+                                        values)
+                except Damage:
+                    return None
             if values is not None:
                 values.read_to(seq, segment, offset + header.size)
             end, after = offset + header.size, first + header.count
@@ -228,20 +213,12 @@ class RecordReader:
                 offset, first = end, after
                 self._cursor = (seq, segment, offset, first)
                 continue
-            return self._picked(lsn, header, raw, seq, segment, offset, first)
-
-    def _picked(self, lsn: int, header: BatchHeader, raw: bytes, seq: int, segment: int, offset: int,
-                first: int) -> tuple[Any] | None:
-        """The record at ``lsn`` of the checked batch at ``offset`` (holding it), the
-        cursor moved past the batch when it is the batch's last; None for records that do
-        not decode (the scan reports that, where it is)."""
-        after = first + header.count
-        try:
-            records = split_records(header, raw, offset, self._loads)[0]
-        except Damage:
-            return None
-        self._cursor = (seq, segment, offset + header.size, after) if lsn == after - 1 else (seq, segment, offset, first)
-        return (records[lsn - first],)
+            try:
+                records = split_records(header, raw, offset, self._loads)[0]
+            except Damage:
+                return None  # the scan reports it, where it is
+            self._cursor = (seq, segment, end, after) if lsn == after - 1 else (seq, segment, offset, first)
+            return (records[lsn - first],)
 
     def _read(self, name: str, offset: int, length: int) -> bytes:
         try:
